@@ -1,0 +1,43 @@
+# Two commands for a newcomer: `make run` (set up, ingest the sample corpus, ask it a question)
+# and `make test` (set up, run the tests). Both work offline but for the package registries.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.inlet-installed
+QUESTION ?= How do I winterize the outboard engine?
+
+# Project-local Prefect state and the offline/telemetry switches (also set in code, for library users).
+export PREFECT_HOME ?= $(CURDIR)/.prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
+export DO_NOT_TRACK ?= 1
+export SCARF_NO_ANALYTICS ?= 1
+export UNSTRUCTURED_DISABLE_NOTICE ?= 1
+export HF_HUB_OFFLINE ?= 1
+comma := ,
+export NO_PROXY := 127.0.0.1,localhost$(if $(NO_PROXY),$(comma)$(NO_PROXY))
+export no_proxy := $(NO_PROXY)
+
+.PHONY: setup run test clean
+
+setup: $(STAMP)
+
+# torch first, from the lock, so nothing can pull the multi-GB CUDA build; unstructured-inference
+# without its dependencies, which would pull CUDA torch and layout models the fast PDF path never uses.
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -c constraints.txt torch
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q --no-deps -c constraints.txt unstructured-inference
+	@touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/inlet ingest
+	$(VENV)/bin/inlet query "$(QUESTION)" -k 3
+
+test: setup
+	$(PY) -m pytest
+
+clean:
+	rm -rf data/lancedb data/runs .prefect

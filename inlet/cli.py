@@ -1,0 +1,88 @@
+"""The `inlet` command: ingest the configured sources, query the store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import providers  # noqa: F401 - offline switches before Prefect loads
+import typer
+
+from schemas.errors import InletError
+
+app = typer.Typer(help="Keep a LanceDB knowledge base fresh and search it.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.")]
+
+
+def _fail(exc: Exception) -> None:
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _print_summary(summary: dict) -> None:
+    counts = ["docs_new", "docs_changed", "docs_unchanged", "docs_deleted", "docs_quarantined", "chunks_added",
+              "chunks_removed", "chunks_reused", "chunks_written", "texts_enriched", "texts_embedded",
+              "texts_truncated"]
+    typer.echo(f"run {summary['run_id']}")
+    for key in counts:
+        typer.echo(f"  {key:<18} {summary[key]}")
+    typer.echo("  seconds per stage  " + ", ".join(f"{k} {v:.2f}" for k, v in summary["stage_seconds"].items()))
+    for row in summary["quarantined"]:
+        typer.secho(f"  quarantined {row['doc_id']}: {row['reason']}: {row['message']}", fg=typer.colors.YELLOW)
+    for notice in summary["notices"]:
+        typer.secho(f"  notice: {notice}", fg=typer.colors.YELLOW)
+
+
+@app.command()
+def ingest(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    retry_quarantined: Annotated[bool, typer.Option(help="Try quarantined documents again even if unchanged.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON.")] = False,
+) -> None:
+    """Run the ingest flow once on the configured sources."""
+    from flows.ingest import ingest as ingest_flow
+    from schemas.config import load_config
+
+    try:
+        load_config(config)  # fail on a bad config before Prefect starts a server
+        summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined)
+    except InletError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+    else:
+        _print_summary(summary)
+
+
+@app.command()
+def query(
+    text: Annotated[str, typer.Argument(help="What to search for.")],
+    k: Annotated[int, typer.Option("-k", help="Number of results.")] = 5,
+    where: Annotated[list[str] | None, typer.Option(help="Filter FIELD=VALUE (repeatable), e.g. doc_type=guide.")] = None,
+    config: ConfigOpt = DEFAULT_CONFIG,
+) -> None:
+    """Search the store and print the best chunks with citations."""
+    from query import search
+
+    filters: dict[str, object] = {}
+    for item in where or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            _fail(ValueError(f"--where expects FIELD=VALUE, got '{item}'"))
+        filters.setdefault(key, []).append(value)
+    try:
+        results = search(text, k=k, where=filters or None, config=config)
+    except InletError as exc:
+        _fail(exc)
+    if not results:
+        typer.echo("no results")
+    for i, r in enumerate(results, 1):
+        typer.secho(f"[{i}] {r.score:.3f}  {r.citation}", bold=True)
+        typer.echo("    " + r.text.strip().replace("\n", "\n    ")[:600])
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,66 @@
+"""Chunk enrichers: add searchable context to a chunk without touching its text."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import yake
+
+from schemas.config import EnrichmentConfig
+
+
+@dataclass(frozen=True)
+class EnrichInput:
+    """What an enricher sees of one chunk."""
+
+    text: str
+    title: str | None
+    heading_path: tuple[str, ...]
+
+
+@runtime_checkable
+class Enricher(Protocol):
+    """Turns chunks into enrichment texts, one per chunk."""
+
+    fingerprint: str  # kind, model, prompt version, parameters: part of every enrichment cache key
+
+    def enrich(self, items: list[EnrichInput]) -> list[str]:
+        """Return one enrichment text per item."""
+        ...
+
+
+class KeywordEnricher:
+    """Offline enricher: YAKE keywords plus the document title and heading path."""
+
+    VERSION = "1"
+
+    def __init__(self, max_keywords: int = 8, language: str = "en") -> None:
+        self._max = max_keywords
+        self._extractor = yake.KeywordExtractor(lan=language, n=2, top=max_keywords, dedup_lim=0.7)
+        self.fingerprint = f"keywords-yake-{yake.__version__}:v{self.VERSION}:top={max_keywords}:lang={language}"
+
+    def _keywords(self, text: str) -> list[str]:
+        return [kw for kw, _score in self._extractor.extract_keywords(text)][: self._max]
+
+    def enrich(self, items: list[EnrichInput]) -> list[str]:
+        """Return 'Title / Section / Keywords' lines for each chunk."""
+        out = []
+        for item in items:
+            lines = []
+            if item.title:
+                lines.append(f"Title: {item.title}")
+            if item.heading_path:
+                lines.append(f"Section: {' > '.join(item.heading_path)}")
+            keywords = self._keywords(item.text)
+            if keywords:
+                lines.append(f"Keywords: {', '.join(keywords)}")
+            out.append("\n".join(lines))
+        return out
+
+
+@functools.cache
+def make_enricher(cfg: EnrichmentConfig) -> Enricher:
+    """Build the enricher the config names."""
+    return KeywordEnricher(max_keywords=cfg.max_keywords)

@@ -1,0 +1,43 @@
+"""Token counting with tiktoken cl100k_base from the rank file shipped as package data."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+
+import tiktoken
+
+from providers.offline import TIKTOKEN_DIR
+
+ENCODING_NAME = "cl100k_base"
+RANK_FILE = TIKTOKEN_DIR / "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"  # sha1 of the download URL, tiktoken's cache name
+RANK_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+
+
+def verify_rank_file() -> None:
+    """Check the shipped rank file against tiktoken's published sha256."""
+    digest = hashlib.sha256(RANK_FILE.read_bytes()).hexdigest()
+    if digest != RANK_SHA256:
+        msg = f"{RANK_FILE}: sha256 {digest} != expected {RANK_SHA256}; reinstall Inlet"
+        raise RuntimeError(msg)
+
+
+@functools.cache
+def encoding() -> tiktoken.Encoding:
+    """Return the cl100k_base encoding, loaded once."""
+    return tiktoken.get_encoding(ENCODING_NAME)
+
+
+def count_tokens(text: str) -> int:
+    """Count cl100k_base tokens in text."""
+    return len(encoding().encode(text, disallowed_special=()))
+
+
+def encode(text: str) -> list[int]:
+    """Encode text as cl100k_base tokens, special-token text taken literally."""
+    return encoding().encode(text, disallowed_special=())
+
+
+def decode(tokens: list[int]) -> str:
+    """Decode cl100k_base tokens."""
+    return encoding().decode(tokens)

@@ -1,0 +1,162 @@
+"""Arrow contracts for every artifact and table. Field order is part of the contract."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from schemas.errors import DataContractError
+
+_TAGS = pa.list_(pa.string())
+
+# Metadata fields denormalised from the source config onto documents and chunks.
+_METADATA_FIELDS = [
+    pa.field("doc_type", pa.string()),
+    pa.field("tags", _TAGS),
+    pa.field("access_level", pa.string(), nullable=False),
+    pa.field("language", pa.string()),
+    pa.field("extra", pa.string()),  # JSON object of the source's free fields (subject, grade, ...)
+]
+
+# crawl -> listing: every file a source currently holds.
+LISTING_SCHEMA = pa.schema([
+    pa.field("doc_id", pa.string(), nullable=False),  # "<source>:<relative posix path>", stable
+    pa.field("source", pa.string(), nullable=False),
+    pa.field("path", pa.string(), nullable=False),
+    pa.field("uri", pa.string(), nullable=False),
+    pa.field("size", pa.int64(), nullable=False),
+    pa.field("mtime_ns", pa.int64(), nullable=False),
+    pa.field("mime", pa.string()),
+    *_METADATA_FIELDS,
+    pa.field("meta_hash", pa.string(), nullable=False),  # hash of the metadata above: a change re-stamps chunks
+])
+
+# detect -> documents: the listing classified against the documents table, plus deleted ones.
+DOCUMENTS_SCHEMA = LISTING_SCHEMA.append(pa.field("content_hash", pa.string())).append(
+    pa.field("change", pa.string(), nullable=False)  # new | changed | unchanged | deleted
+).append(pa.field("reason", pa.string()))  # why: content, settings, metadata, retry, unreadable: ...
+
+# extract -> elements: the text of each processed document in reading order.
+ELEMENTS_SCHEMA = pa.schema([
+    pa.field("doc_id", pa.string(), nullable=False),
+    pa.field("element_index", pa.int32(), nullable=False),
+    pa.field("kind", pa.string(), nullable=False),  # heading | text | list | table | code | markdown
+    pa.field("text", pa.large_string(), nullable=False),
+    pa.field("heading_level", pa.int32()),
+    pa.field("page", pa.int32()),
+])
+
+# extract -> extracted: one row per processed document: its title, or why it failed.
+EXTRACTED_SCHEMA = pa.schema([
+    pa.field("doc_id", pa.string(), nullable=False),
+    pa.field("title", pa.string()),
+    pa.field("status", pa.string(), nullable=False),  # ok | quarantined
+    pa.field("reason", pa.string()),
+    pa.field("message", pa.string()),
+    pa.field("content_hash", pa.string()),  # of the bytes actually extracted
+])
+
+CHUNKS_SCHEMA = pa.schema([
+    pa.field("chunk_id", pa.string(), nullable=False),  # sha256(doc_id, text hash, repeat ordinal): stable when text moves
+    pa.field("doc_id", pa.string(), nullable=False),
+    pa.field("chunk_index", pa.int32(), nullable=False),
+    pa.field("total_chunks", pa.int32(), nullable=False),
+    pa.field("prev_chunk_id", pa.string()),
+    pa.field("next_chunk_id", pa.string()),
+    pa.field("heading_path", _TAGS),
+    pa.field("text", pa.large_string(), nullable=False),
+    pa.field("text_hash", pa.string(), nullable=False),
+    pa.field("token_count", pa.int32(), nullable=False),
+    pa.field("page_start", pa.int32()),
+    pa.field("page_end", pa.int32()),
+])
+
+ENRICHED_CHUNKS_SCHEMA = pa.schema([
+    *CHUNKS_SCHEMA,
+    pa.field("enrichment", pa.large_string()),
+    pa.field("enricher", pa.string()),  # fingerprint of the enricher, None when enrichment is off
+    pa.field("enrich_key", pa.string()),  # hash(enrichment input, enricher): the cache key
+    pa.field("enriched_now", pa.bool_(), nullable=False),  # the model was called for it in this run
+])
+
+
+def embedded_chunks_schema(dim: int) -> pa.Schema:
+    """Return the schema of the embedded_chunks artifact for vectors of size dim."""
+    return pa.schema([
+        *ENRICHED_CHUNKS_SCHEMA,
+        pa.field("embed_key", pa.string(), nullable=False),  # hash(embedding input, embedder)
+        pa.field("embedder", pa.string(), nullable=False),
+        pa.field("embedded_now", pa.bool_(), nullable=False),
+        pa.field("truncated", pa.bool_(), nullable=False),  # the input was longer than the embedder reads
+        pa.field("vector", pa.list_(pa.float32(), dim), nullable=False),
+    ])
+
+
+def chunk_rows_schema(dim: int) -> pa.Schema:
+    """Return the schema of the LanceDB chunks table (embedded chunks + filter fields)."""
+    keep = [f for f in embedded_chunks_schema(dim) if f.name not in ("enriched_now", "embedded_now")]
+    return pa.schema([
+        *keep,
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("title", pa.string()),
+        pa.field("uri", pa.string(), nullable=False),
+        *_METADATA_FIELDS,
+        pa.field("run_id", pa.string(), nullable=False),
+    ])
+
+
+# LanceDB documents table: one row per source document; content_hash is the commit marker.
+DOCUMENT_ROWS_SCHEMA = pa.schema([
+    *LISTING_SCHEMA,
+    pa.field("title", pa.string()),
+    pa.field("content_hash", pa.string()),
+    pa.field("settings_fp", pa.string()),  # chunking/enrichment/embedding fingerprint it was processed with
+    pa.field("status", pa.string(), nullable=False),  # ok | quarantined
+    pa.field("error", pa.string()),
+    pa.field("total_chunks", pa.int32(), nullable=False),
+    pa.field("first_run_id", pa.string(), nullable=False),
+    pa.field("last_run_id", pa.string(), nullable=False),
+    pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+])
+
+QUARANTINE_SCHEMA = pa.schema([
+    pa.field("doc_id", pa.string(), nullable=False),
+    pa.field("source", pa.string(), nullable=False),
+    pa.field("uri", pa.string(), nullable=False),
+    pa.field("stage", pa.string(), nullable=False),  # crawl | detect | extract | chunk | enrich | embed
+    pa.field("reason", pa.string(), nullable=False),  # short code: unreadable, encrypted, corrupt, empty, ...
+    pa.field("message", pa.string(), nullable=False),
+    pa.field("content_hash", pa.string()),
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("at", pa.timestamp("us", tz="UTC"), nullable=False),
+])
+
+RUN_COUNTS = (
+    "docs_new", "docs_changed", "docs_unchanged", "docs_deleted", "docs_quarantined",
+    "chunks_added", "chunks_removed", "chunks_reused", "chunks_written",
+    "texts_enriched", "texts_embedded", "texts_truncated",
+)
+
+RUNS_SCHEMA = pa.schema([
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("started_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field("finished_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field("status", pa.string(), nullable=False),
+    pa.field("config_fp", pa.string(), nullable=False),
+    *[pa.field(name, pa.int64(), nullable=False) for name in RUN_COUNTS],
+    pa.field("stage_seconds", pa.string(), nullable=False),  # JSON {stage: seconds}
+    pa.field("versions", pa.string(), nullable=False),  # JSON {table: version}
+    pa.field("notices", _TAGS),
+])
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Select and cast table to schema, naming what is missing or mistyped."""
+    missing = [n for n in schema.names if n not in table.column_names]
+    if missing:
+        msg = f"table lacks columns {missing}; has {table.column_names}"
+        raise DataContractError(msg)
+    try:
+        return table.select(schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as exc:
+        msg = f"table does not match schema: {exc}"
+        raise DataContractError(msg) from exc

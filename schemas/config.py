@@ -1,0 +1,198 @@
+"""Typed settings for Inlet, loaded from one YAML file (configs/inlet.yaml)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from schemas.errors import ConfigError
+
+ACCESS_LEVELS: tuple[str, ...] = ("public", "internal", "restricted", "confidential")
+DEFAULT_INCLUDE: tuple[str, ...] = (
+    "**/*.md", "**/*.markdown", "**/*.txt", "**/*.html", "**/*.htm", "**/*.pdf", "**/*.docx",
+)
+
+Scalar = str | int | float | bool
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceMetadata(BaseModel):
+    """Metadata stamped on every document of a source; free fields (subject, grade, ...) allowed."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    doc_type: str | None = Field(None, description="Kind of document, e.g. guide, policy, reference.")
+    tags: tuple[str, ...] = Field((), description="Tags copied to every chunk for filtering.")
+    access_level: Literal["public", "internal", "restricted", "confidential"] = Field(
+        "public", description="Who may read it: public < internal < restricted < confidential."
+    )
+    language: str | None = Field(None, description="ISO 639-1 code of the documents' language.")
+
+    def extra_fields(self) -> dict[str, Scalar]:
+        """Return the free fields (everything but the named ones)."""
+        extra = dict(self.model_extra or {})
+        for key, value in extra.items():
+            if not isinstance(value, (str, int, float, bool)):
+                msg = f"metadata.{key}: free metadata fields must be a string, number or boolean"
+                raise ValueError(msg)
+        return extra
+
+
+class SourceConfig(_Strict):
+    """A local folder of documents."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Stable id of the source; part of doc ids.")]
+    kind: Literal["folder"] = Field("folder", description="Source kind; only local folders for now.")
+    path: Path = Field(description="Folder to crawl; relative paths are taken from the config file's folder.")
+    include: tuple[str, ...] = Field(DEFAULT_INCLUDE, description="Glob patterns (relative to path) to take.")
+    exclude: tuple[str, ...] = Field((), description="Glob patterns (relative to path) to leave out.")
+    metadata: SourceMetadata = Field(default_factory=SourceMetadata, description="Metadata for every document.")
+
+    @field_validator("metadata")
+    @classmethod
+    def _scalar_extras(cls, value: SourceMetadata) -> SourceMetadata:
+        value.extra_fields()
+        return value
+
+
+class ExtractionConfig(_Strict):
+    """How documents become elements."""
+
+    pdf_strategy: Literal["fast"] = Field("fast", description="unstructured PDF strategy; hi_res needs a hub model.")
+    max_file_mb: float = Field(100.0, gt=0, description="Files above this size are quarantined unread.")
+
+
+class ChunkStrategy(StrEnum):
+    """How element text is cut into chunks."""
+
+    MARKDOWN = "markdown"
+    FIXED = "fixed"
+
+
+class ChunkingConfig(_Strict):
+    """How extracted text becomes chunks (tokens counted with tiktoken cl100k_base)."""
+
+    strategy: ChunkStrategy = Field(ChunkStrategy.MARKDOWN, description="markdown: split at headings; fixed: windows.")
+    max_tokens: int = Field(
+        200, gt=8, le=8192,
+        description="Upper bound per chunk; 200 cl100k tokens plus enrichment fit MiniLM's 256 word pieces.",
+    )
+    overlap_tokens: int = Field(30, ge=0, description="Tokens shared by adjacent chunks of one section.")
+    heading_levels: int = Field(3, ge=1, le=6, description="Headings down to this level (#, ##, ###) start sections.")
+    merge_small_sections: bool = Field(
+        False, description="Merge adjacent small sections under the same ## parent up to max_tokens."
+    )
+
+    @field_validator("overlap_tokens")
+    @classmethod
+    def _overlap_below_max(cls, value: int, info) -> int:  # noqa: ANN001 - pydantic's ValidationInfo
+        max_tokens = info.data.get("max_tokens", 200)
+        if value >= max_tokens:
+            msg = f"must be smaller than max_tokens ({max_tokens})"
+            raise ValueError(msg)
+        return value
+
+
+class EnrichmentConfig(_Strict):
+    """Offline enrichment: keywords (YAKE) plus the document title and heading path."""
+
+    enabled: bool = Field(True, description="Add an enrichment column and feed it to the embedder.")
+    kind: Literal["keywords"] = Field("keywords", description="Offline enricher kind; Gemini kinds come later.")
+    max_keywords: int = Field(8, ge=1, le=50, description="Keywords kept per chunk.")
+    delimiter: str = Field("\n\n", description="Put between chunk text and enrichment in the embedding input.")
+
+
+class EmbeddingConfig(_Strict):
+    """Which embedder turns embedding inputs into vectors."""
+
+    kind: Literal["minilm", "hashing"] = Field(
+        "minilm", description="minilm: local all-MiniLM-L6-v2; hashing: deterministic feature hashing (tests, benchmarks)."
+    )
+    dim: int = Field(384, gt=0, description="Vector size for the hashing embedder (MiniLM is always 384).")
+    batch_size: int = Field(64, gt=0, description="Texts per embedder call.")
+
+
+class StoreConfig(_Strict):
+    """Where tables and run artifacts live."""
+
+    uri: Path = Field(Path("../data/lancedb"), description="LanceDB folder; relative to the config file's folder.")
+    artifacts: Path = Field(Path("../data/runs"), description="Run artifact folder; relative to the config file's folder.")
+    chunks_table: str = Field("chunks", description="Name of the chunks table.")
+
+
+class InletConfig(_Strict):
+    """The whole pipeline configuration."""
+
+    sources: tuple[SourceConfig, ...] = Field(min_length=1, description="Document sources to crawl.")
+    extraction: ExtractionConfig = Field(default_factory=ExtractionConfig)
+    chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
+    enrichment: EnrichmentConfig = Field(default_factory=EnrichmentConfig)
+    embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+
+    @field_validator("sources")
+    @classmethod
+    def _unique_names(cls, value: tuple[SourceConfig, ...]) -> tuple[SourceConfig, ...]:
+        names = [s.name for s in value]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            msg = f"source names must be unique; repeated: {', '.join(dupes)}"
+            raise ValueError(msg)
+        return value
+
+    def resolved(self, base: Path) -> InletConfig:
+        """Return a copy with relative paths made absolute against base."""
+
+        def _abs(p: Path) -> Path:
+            return p if p.is_absolute() else (base / p).resolve()
+
+        sources = tuple(s.model_copy(update={"path": _abs(s.path)}) for s in self.sources)
+        store = self.store.model_copy(update={"uri": _abs(self.store.uri), "artifacts": _abs(self.store.artifacts)})
+        return self.model_copy(update={"sources": sources, "store": store})
+
+    def fingerprint(self) -> str:
+        """Return a short hash of the whole configuration."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _location(loc: tuple[str | int, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(top level)"
+
+
+def parse_config(data: object, *, origin: str) -> InletConfig:
+    """Validate a mapping as an InletConfig; errors name origin and the key."""
+    if not isinstance(data, dict):
+        msg = f"{origin}: expected a mapping at the top level, got {type(data).__name__}"
+        raise ConfigError(msg)
+    try:
+        return InletConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"{origin}: {_location(e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("\n".join(lines)) from None
+
+
+def load_config(path: str | Path) -> InletConfig:
+    """Read, validate and resolve a YAML config file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        msg = f"{path}: cannot read config file: {exc.strerror or exc}"
+        raise ConfigError(msg) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        msg = f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}"
+        raise ConfigError(msg) from None
+    return parse_config(data, origin=str(path)).resolved(path.resolve().parent)

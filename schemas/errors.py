@@ -1,0 +1,32 @@
+"""Every error Inlet raises on purpose, in one place."""
+
+from __future__ import annotations
+
+
+class InletError(Exception):
+    """Base for all Inlet errors."""
+
+
+class ConfigError(InletError, ValueError):
+    """The configuration file is missing, malformed or invalid; the message names the file and key."""
+
+
+class DataContractError(InletError, ValueError):
+    """An artifact or table violated its schema."""
+
+
+class ExtractionError(InletError):
+    """A document could not be read or partitioned; it is quarantined, the run goes on."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+class StoreError(InletError):
+    """The LanceDB store is in a state this run cannot work with."""
+
+
+class EmbedderMismatchError(StoreError):
+    """A table was built with another embedder than the one asked for."""

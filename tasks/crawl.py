@@ -1,0 +1,63 @@
+"""sources -> listing: every file each configured folder holds, with its size, mtime and metadata."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mimetypes
+from pathlib import Path
+
+import pyarrow as pa
+from prefect import get_run_logger, task
+
+from schemas.arrow import LISTING_SCHEMA
+from schemas.config import InletConfig, SourceConfig
+from schemas.errors import ConfigError
+from tasks.artifacts import write_artifact
+
+
+def metadata_fields(src: SourceConfig) -> dict:
+    """Return the metadata columns a source stamps on its documents, with their hash."""
+    meta = src.metadata
+    fields = {"doc_type": meta.doc_type, "tags": list(meta.tags), "access_level": meta.access_level,
+              "language": meta.language, "extra": json.dumps(meta.extra_fields(), sort_keys=True)}
+    fields["meta_hash"] = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    return fields
+
+
+def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...]) -> list[Path]:
+    """Return files under root matched by an include glob and by no exclude glob, sorted."""
+    picked = {p for pattern in include for p in root.glob(pattern) if p.is_file()}
+    dropped = {p for pattern in exclude for p in root.glob(pattern)}
+    # A file under an excluded folder is dropped too.
+    return sorted(p for p in picked - dropped if not any(d in p.parents for d in dropped))
+
+
+def list_source(src: SourceConfig) -> list[dict]:
+    """List one source's files as listing rows."""
+    if not src.path.is_dir():
+        msg = f"source '{src.name}': path {src.path} is not a folder"
+        raise ConfigError(msg)
+    meta = metadata_fields(src)
+    rows = []
+    for path in matching_files(src.path, src.include, src.exclude):
+        stat = path.stat()
+        rel = path.relative_to(src.path).as_posix()
+        rows.append({"doc_id": f"{src.name}:{rel}", "source": src.name, "path": str(path),
+                     "uri": path.as_uri(), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                     "mime": mimetypes.guess_type(path.name)[0], **meta})
+    return rows
+
+
+def crawl_sources(cfg: InletConfig) -> pa.Table:
+    """List every configured source."""
+    rows = [row for src in cfg.sources for row in list_source(src)]
+    return pa.Table.from_pylist(rows, schema=LISTING_SCHEMA)
+
+
+@task(name="crawl")
+def crawl_stage(cfg: InletConfig, run_dir: str) -> str:
+    """List the sources and write the listing artifact."""
+    listing = crawl_sources(cfg)
+    get_run_logger().info("crawled %d files from %d sources", listing.num_rows, len(cfg.sources))
+    return write_artifact(listing, run_dir, "listing", LISTING_SCHEMA)

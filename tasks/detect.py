@@ -1,0 +1,100 @@
+"""listing + documents table -> documents: each file classified new, changed, unchanged or deleted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+from prefect import get_run_logger, task
+
+from providers.embedders import embedder_fingerprint
+from providers.enrichers import make_enricher
+from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA
+from schemas.config import InletConfig
+from tasks.artifacts import read_artifact, write_artifact
+
+# Bump when extraction or chunking code changes what it produces: every document is reprocessed.
+PIPELINE_VERSION = "1"
+
+Hasher = Callable[[str], str | None]
+
+
+def hash_file(path: str) -> str | None:
+    """Return the sha256 of a file's bytes, or None when it cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        with Path(path).open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def settings_fingerprint(cfg: InletConfig) -> str:
+    """Hash everything besides the bytes that decides a document's chunks, enrichments and vectors."""
+    enricher = make_enricher(cfg.enrichment).fingerprint if cfg.enrichment.enabled else None
+    parts = {
+        "pipeline": PIPELINE_VERSION,
+        "extraction": cfg.extraction.model_dump(mode="json"),
+        "chunking": cfg.chunking.model_dump(mode="json"),
+        "enrichment": [enricher, cfg.enrichment.delimiter],
+        "embedder": embedder_fingerprint(cfg.embedding),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _classify(row: dict, known: dict | None, settings_fp: str, hasher: Hasher, retry: bool) -> tuple[str, str | None, str | None]:
+    """Return (change, reason, content_hash) for one listed file."""
+    if known is None:
+        digest = hasher(row["path"])
+        return "new", None if digest else "unreadable", digest
+    same_stat = (row["size"], row["mtime_ns"]) == (known["size"], known["mtime_ns"])
+    digest = known["content_hash"] if same_stat and known["content_hash"] else hasher(row["path"])
+    if digest is None:
+        return "changed", "unreadable", None
+    if digest != known["content_hash"]:
+        return "changed", "content", digest
+    if known["status"] == "quarantined":
+        return ("changed", "retry", digest) if retry else ("unchanged", "quarantined", digest)
+    if known["settings_fp"] != settings_fp:
+        return "changed", "settings", digest
+    if known["meta_hash"] != row["meta_hash"]:
+        return "changed", "metadata", digest
+    return "unchanged", None if same_stat else "touched", digest
+
+
+def classify_documents(
+    listing: pa.Table, known: pa.Table, settings_fp: str, *, hasher: Hasher = hash_file,
+    sources: set[str], retry_quarantined: bool = False,
+) -> pa.Table:
+    """Classify the listing against known document rows; known rows of listed sources that vanished are deleted."""
+    by_id = {r["doc_id"]: r for r in known.to_pylist()}
+    rows = []
+    for row in listing.to_pylist():
+        change, reason, digest = _classify(row, by_id.get(row["doc_id"]), settings_fp, hasher, retry_quarantined)
+        rows.append({**row, "content_hash": digest, "change": change, "reason": reason})
+    listed = set(listing["doc_id"].to_pylist())
+    for doc_id, old in by_id.items():
+        if doc_id not in listed and old["source"] in sources:
+            rows.append({**{k: old[k] for k in LISTING_SCHEMA.names}, "content_hash": old["content_hash"],
+                         "change": "deleted", "reason": None})
+    return pa.Table.from_pylist(rows, schema=DOCUMENTS_SCHEMA)
+
+
+@task(name="detect changes")
+def detect_stage(listing_path: str, known: pa.Table, settings_fp: str, cfg: InletConfig, run_dir: str,
+                 retry_quarantined: bool = False) -> str:
+    """Classify listed files against the documents table and write the documents artifact."""
+    documents = classify_documents(
+        read_artifact(listing_path, LISTING_SCHEMA), known, settings_fp,
+        sources={s.name for s in cfg.sources}, retry_quarantined=retry_quarantined,
+    )
+    counts = {c: 0 for c in ("new", "changed", "unchanged", "deleted")}
+    for change in documents["change"].to_pylist():
+        counts[change] += 1
+    get_run_logger().info("documents: %s", ", ".join(f"{v} {k}" for k, v in counts.items()))
+    return write_artifact(documents, run_dir, "documents", DOCUMENTS_SCHEMA)

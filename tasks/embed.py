@@ -1,0 +1,87 @@
+"""enriched_chunks -> embedded_chunks: vectors reused by cache key, only new embedding inputs embedded."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pyarrow as pa
+from prefect import get_run_logger, task
+
+from providers.embedders import Embedder, embedder_dim, embedder_fingerprint, make_embedder
+from schemas.arrow import ENRICHED_CHUNKS_SCHEMA, embedded_chunks_schema
+from schemas.config import EmbeddingConfig, EnrichmentConfig
+from tasks.artifacts import read_artifact, write_artifact
+from tasks.store import connect, open_table, select_where_in
+
+
+def embedding_inputs(enriched: pa.Table, delimiter: str) -> list[str]:
+    """Return text + delimiter + enrichment for each chunk (text alone when there is no enrichment)."""
+    return [t if not e else f"{t}{delimiter}{e}"
+            for t, e in zip(enriched["text"].to_pylist(), enriched["enrichment"].to_pylist())]
+
+
+def embed_key(text: str, fingerprint: str) -> str:
+    """Cache key of one vector: the embedding input and the embedder's fingerprint."""
+    return hashlib.sha256(f"{fingerprint}\0{text}".encode()).hexdigest()
+
+
+def _vector_column(vectors: np.ndarray, dim: int) -> pa.FixedSizeListArray:
+    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(flat, dim)
+
+
+def embed_chunks(enriched: pa.Table, inputs: list[str], embedder: Embedder, cached: pa.Table,
+                 batch_size: int) -> pa.Table:
+    """Attach vectors: cached (embed_key, truncated, vector) rows reused, the rest embedded once per key."""
+    keys = [embed_key(t, embedder.fingerprint) for t in inputs]
+    known = {k: i for i, k in enumerate(cached["embed_key"].to_pylist())}
+    todo = list(dict.fromkeys(k for k in keys if k not in known))
+    text_of = dict(zip(keys, inputs))
+    fresh_vecs = np.zeros((len(todo), embedder.dim), dtype=np.float32)
+    fresh_trunc: list[bool] = []
+    for start in range(0, len(todo), batch_size):
+        texts = [text_of[k] for k in todo[start : start + batch_size]]
+        fresh_vecs[start : start + len(texts)] = embedder.embed(texts)
+        fresh_trunc.extend(embedder.truncated(texts))
+    fresh = {k: i for i, k in enumerate(todo)}
+    cached_vecs = cached["vector"].combine_chunks().flatten().to_numpy().reshape(-1, embedder.dim) if known else None
+    cached_trunc = cached["truncated"].to_pylist()
+    vectors = np.zeros((len(keys), embedder.dim), dtype=np.float32)
+    truncated, now, seen = [], [], set()
+    for row, k in enumerate(keys):
+        if k in fresh:
+            vectors[row] = fresh_vecs[fresh[k]]
+            truncated.append(fresh_trunc[fresh[k]])
+        else:
+            vectors[row] = cached_vecs[known[k]]
+            truncated.append(bool(cached_trunc[known[k]]))
+        now.append(k in fresh and k not in seen)  # a repeated new input is embedded once
+        seen.add(k)
+    n = len(keys)
+    return (enriched.append_column("embed_key", pa.array(keys, pa.string()))
+            .append_column("embedder", pa.array([embedder.fingerprint] * n, pa.string()))
+            .append_column("embedded_now", pa.array(now, pa.bool_()))
+            .append_column("truncated", pa.array(truncated, pa.bool_()))
+            .append_column("vector", _vector_column(vectors, embedder.dim)))
+
+
+@task(name="embed")
+def embed_stage(enriched_path: str, cfg: EmbeddingConfig, enrichment: EnrichmentConfig, store_uri: str,
+                chunks_table: str, run_dir: str) -> str:
+    """Embed chunks whose vector is not already stored; write embedded_chunks."""
+    enriched = read_artifact(enriched_path, ENRICHED_CHUNKS_SCHEMA)
+    dim = embedder_dim(cfg)
+    schema = embedded_chunks_schema(dim)
+    if enriched.num_rows == 0:  # nothing to embed: do not load a model for it
+        return write_artifact(schema.empty_table(), run_dir, "embedded_chunks", schema)
+    inputs = embedding_inputs(enriched, enrichment.delimiter)
+    fingerprint = embedder_fingerprint(cfg)
+    table = open_table(connect(store_uri), chunks_table)
+    cached = select_where_in(table, "embed_key", [embed_key(t, fingerprint) for t in inputs],
+                             ["embed_key", "truncated", "vector"], schema)
+    embedded = embed_chunks(enriched, inputs, make_embedder(cfg), cached, cfg.batch_size)
+    made = sum(embedded["embedded_now"].to_pylist())
+    get_run_logger().info("embedded %d of %d chunks (%d reused, %d truncated by the model)", made,
+                          embedded.num_rows, embedded.num_rows - made, sum(embedded["truncated"].to_pylist()))
+    return write_artifact(embedded, run_dir, "embedded_chunks", schema)

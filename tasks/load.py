@@ -1,0 +1,193 @@
+"""embedded_chunks + documents -> LanceDB: chunks first, then document rows (the commit marker)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+import lancedb
+import pyarrow as pa
+import pyarrow.compute as pc
+from prefect import get_run_logger, task
+
+from schemas.arrow import (
+    DOCUMENT_ROWS_SCHEMA,
+    DOCUMENTS_SCHEMA,
+    EXTRACTED_SCHEMA,
+    LISTING_SCHEMA,
+    QUARANTINE_SCHEMA,
+    chunk_rows_schema,
+    conform,
+    embedded_chunks_schema,
+)
+from schemas.errors import EmbedderMismatchError
+from tasks.artifacts import read_artifact
+from tasks.store import DOCUMENTS, QUARANTINE, connect, known_documents, open_table, select_where_in, sql_list
+
+_DOC_FIELDS = ["source", "title", "uri", "doc_type", "tags", "access_level", "language", "extra"]
+
+
+@dataclass
+class LoadResult:
+    """What the upsert changed."""
+
+    chunks_added: int = 0
+    chunks_removed: int = 0
+    chunks_reused: int = 0
+    chunks_written: int = 0
+    docs_quarantined: int = 0
+    versions: dict[str, int] = field(default_factory=dict)
+
+
+# --- pure: build the rows to commit ----------------------------------------------------------
+
+
+def chunk_rows(embedded: pa.Table, documents: pa.Table, extracted: pa.Table, run_id: str, dim: int) -> pa.Table:
+    """Join each embedded chunk with its document's filter fields and the run id."""
+    position = {d: i for i, d in enumerate(documents["doc_id"].to_pylist())}
+    title_of = dict(zip(extracted["doc_id"].to_pylist(), extracted["title"].to_pylist()))
+    doc_ids = embedded["doc_id"].to_pylist()
+    take = pa.array([position[d] for d in doc_ids], pa.int64())
+    rows = embedded
+    for name in _DOC_FIELDS:
+        column = pa.array([title_of.get(d) for d in doc_ids], pa.string()) if name == "title" else documents[name].take(take)
+        rows = rows.append_column(name, column)
+    rows = rows.append_column("run_id", pa.array([run_id] * rows.num_rows, pa.string()))
+    return conform(rows, chunk_rows_schema(dim))
+
+
+def document_rows(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, known: pa.Table,
+                  settings_fp: str, run_id: str, now: datetime) -> pa.Table:
+    """Build document rows for processed, quarantined and touched documents."""
+    done = {r["doc_id"]: r for r in extracted.to_pylist()}
+    totals = pc.value_counts(embedded["doc_id"]).to_pylist() if embedded.num_rows else []
+    chunk_counts = {t["values"]: t["counts"] for t in totals}
+    old = {r["doc_id"]: r for r in known.to_pylist()}
+    rows = []
+    for doc in documents.to_pylist():
+        prev = old.get(doc["doc_id"], {})
+        ext = done.get(doc["doc_id"])
+        if ext is None and not (doc["change"] == "unchanged" and doc["reason"] == "touched"):
+            continue
+        row = {k: doc[k] for k in LISTING_SCHEMA.names}
+        row |= {"first_run_id": prev.get("first_run_id") or run_id, "last_run_id": run_id, "updated_at": now}
+        if ext is None:  # bytes unchanged, mtime moved: remember the new mtime so we skip hashing next time
+            row |= {k: prev[k] for k in ("title", "content_hash", "settings_fp", "status", "error", "total_chunks")}
+        elif ext["status"] == "ok":
+            row |= {"title": ext["title"], "content_hash": ext["content_hash"], "settings_fp": settings_fp,
+                    "status": "ok", "error": None, "total_chunks": chunk_counts.get(doc["doc_id"], 0)}
+        else:  # quarantined: the chunks of its last good version stay searchable
+            row |= {"title": prev.get("title"), "content_hash": ext["content_hash"], "settings_fp": settings_fp,
+                    "status": "quarantined", "error": f"{ext['reason']}: {ext['message']}",
+                    "total_chunks": prev.get("total_chunks") or 0}
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=DOCUMENT_ROWS_SCHEMA)
+
+
+def quarantine_rows(documents: pa.Table, extracted: pa.Table, run_id: str, now: datetime) -> pa.Table:
+    """Build quarantine rows for documents that failed in this run."""
+    by_id = {r["doc_id"]: r for r in documents.to_pylist()}
+    rows = [{"doc_id": e["doc_id"], "source": by_id[e["doc_id"]]["source"], "uri": by_id[e["doc_id"]]["uri"],
+             "stage": "extract", "reason": e["reason"], "message": e["message"],
+             "content_hash": e["content_hash"], "run_id": run_id, "at": now}
+            for e in extracted.to_pylist() if e["status"] == "quarantined"]
+    return pa.Table.from_pylist(rows, schema=QUARANTINE_SCHEMA)
+
+
+# --- commits ----------------------------------------------------------------------------------
+
+
+def _check_vectors(table: lancedb.table.Table, dim: int) -> None:
+    field_type = table.schema.field("vector").type
+    if getattr(field_type, "list_size", dim) != dim:
+        msg = (f"table '{table.name}' holds {field_type.list_size}-dim vectors but this config embeds {dim}-dim: "
+               "set store.chunks_table to a new name or delete the old table")
+        raise EmbedderMismatchError(msg)
+
+
+def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table, scope: list[str], dim: int) -> tuple[int, int]:
+    """Upsert rows and delete other chunks of the scoped documents in one commit; return (written, version)."""
+    table = open_table(db, name)
+    if table is None:
+        table = db.create_table(name, rows, schema=chunk_rows_schema(dim))
+        return rows.num_rows, table.version
+    _check_vectors(table, dim)
+    if not scope:
+        return 0, table.version
+    if rows.num_rows == 0:
+        table.delete(f"doc_id IN ({sql_list(scope)})")
+        return 0, table.version
+    result = (table.merge_insert("chunk_id").when_matched_update_all().when_not_matched_insert_all()
+              .when_not_matched_by_source_delete(f"doc_id IN ({sql_list(scope)})").execute(rows))
+    return result.num_inserted_rows + result.num_updated_rows, result.version
+
+
+def upsert_keyed(db: lancedb.DBConnection, name: str, key: str, rows: pa.Table, schema: pa.Schema,
+                 delete_ids: list[str]) -> int | None:
+    """Upsert rows by key and delete delete_ids, creating the table if needed; return its version."""
+    table = open_table(db, name)
+    if table is None:
+        if rows.num_rows == 0:
+            return None
+        return db.create_table(name, conform(rows, schema), schema=schema).version
+    if delete_ids:
+        table.delete(f"{key} IN ({sql_list(delete_ids)})")
+    if rows.num_rows:
+        table.merge_insert(key).when_matched_update_all().when_not_matched_insert_all().execute(conform(rows, schema))
+    return table.version
+
+
+def commit_documents(db: lancedb.DBConnection, rows: pa.Table, deleted: list[str]) -> int | None:
+    """Write document rows: the content hash in them marks their chunks as committed."""
+    return upsert_keyed(db, DOCUMENTS, "doc_id", rows, DOCUMENT_ROWS_SCHEMA, deleted)
+
+
+def tag_version(table: lancedb.table.Table, tag: str) -> None:
+    """Tag the table's current version (no-op if the tag exists)."""
+    if tag not in table.tags.list():
+        table.tags.create(tag, table.version)
+
+
+def _ids(table: pa.Table, mask: pa.ChunkedArray) -> list[str]:
+    return table.filter(mask)["doc_id"].to_pylist()
+
+
+def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extracted: pa.Table,
+         embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime) -> LoadResult:
+    """Commit one run: chunks, then documents, then the quarantine list; tag the chunks version."""
+    known = known_documents(db)
+    ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
+    deleted = _ids(documents, pc.equal(documents["change"], "deleted"))
+    rows = chunk_rows(embedded, documents, extracted, run_id, dim)
+    before = select_where_in(open_table(db, chunks_table), "doc_id", ok + deleted, ["chunk_id"],
+                             chunk_rows_schema(dim))
+    old_ids, new_ids = set(before["chunk_id"].to_pylist()), set(rows["chunk_id"].to_pylist())
+    result = LoadResult(chunks_added=len(new_ids - old_ids), chunks_removed=len(old_ids - new_ids),
+                        chunks_reused=len(new_ids & old_ids))
+    result.chunks_written, chunks_version = commit_chunks(db, chunks_table, rows, ok + deleted, dim)
+    doc_rows = document_rows(documents, extracted, embedded, known, settings_fp, run_id, now)
+    docs_version = commit_documents(db, doc_rows, deleted)
+    quarantined = quarantine_rows(documents, extracted, run_id, now)
+    result.docs_quarantined = quarantined.num_rows
+    q_version = upsert_keyed(db, QUARANTINE, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
+    table = open_table(db, chunks_table)
+    if table is not None:
+        tag_version(table, run_id)
+    result.versions = {k: v for k, v in {chunks_table: chunks_version, DOCUMENTS: docs_version,
+                                         QUARANTINE: q_version}.items() if v is not None}
+    return result
+
+
+@task(name="upsert")
+def upsert_stage(documents_path: str, extracted_path: str, embedded_path: str, *, store_uri: str,
+                 chunks_table: str, dim: int, settings_fp: str, run_id: str, now: datetime) -> dict:
+    """Commit the run's chunks and documents to LanceDB."""
+    result = load(
+        connect(store_uri), chunks_table,
+        read_artifact(documents_path, DOCUMENTS_SCHEMA), read_artifact(extracted_path, EXTRACTED_SCHEMA),
+        read_artifact(embedded_path, embedded_chunks_schema(dim)),
+        dim=dim, settings_fp=settings_fp, run_id=run_id, now=now,
+    )
+    get_run_logger().info("chunks: %d added, %d removed, %d reused, %d rows written", result.chunks_added,
+                          result.chunks_removed, result.chunks_reused, result.chunks_written)
+    return asdict(result)

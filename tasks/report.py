@@ -1,0 +1,68 @@
+"""run artifacts + load result -> runs row and the run summary."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from prefect import get_run_logger, task
+
+from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, RUN_COUNTS, RUNS_SCHEMA, embedded_chunks_schema
+from tasks.artifacts import read_artifact
+from tasks.store import RUNS, connect, open_table
+
+
+def _true(column: pa.ChunkedArray) -> int:
+    return int(pc.sum(column).as_py() or 0)
+
+
+def summarize_run(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, load: dict) -> dict:
+    """Count what the run did, stage by stage."""
+    changes = {c: 0 for c in ("new", "changed", "unchanged", "deleted")}
+    for change in documents["change"].to_pylist():
+        changes[change] += 1
+    failed = extracted.filter(pc.equal(extracted["status"], "quarantined")).to_pylist()
+    return {
+        **{f"docs_{k}": v for k, v in changes.items()},
+        "docs_quarantined": len(failed),
+        **{k: load[k] for k in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written")},
+        "texts_enriched": _true(embedded["enriched_now"]),
+        "texts_embedded": _true(embedded["embedded_now"]),
+        "texts_truncated": _true(embedded["truncated"]),
+        "quarantined": [{"doc_id": f["doc_id"], "reason": f["reason"], "message": f["message"]} for f in failed],
+    }
+
+
+def runs_row(summary: dict, *, run_id: str, started: datetime, finished: datetime, status: str, config_fp: str,
+             stage_seconds: dict[str, float], versions: dict[str, int], notices: list[str]) -> pa.Table:
+    """Build the one-row runs table for this run."""
+    row = {"run_id": run_id, "started_at": started, "finished_at": finished, "status": status,
+           "config_fp": config_fp, **{k: summary[k] for k in RUN_COUNTS},
+           "stage_seconds": json.dumps(stage_seconds), "versions": json.dumps(versions), "notices": notices}
+    return pa.Table.from_pylist([row], schema=RUNS_SCHEMA)
+
+
+@task(name="report")
+def report_stage(documents_path: str, extracted_path: str, embedded_path: str, load: dict, *, dim: int,
+                 store_uri: str, run_id: str, started: datetime, finished: datetime, config_fp: str,
+                 stage_seconds: dict[str, float], notices: list[str]) -> dict:
+    """Append the run to the runs table and return the run summary."""
+    summary = summarize_run(read_artifact(documents_path, DOCUMENTS_SCHEMA),
+                            read_artifact(extracted_path, EXTRACTED_SCHEMA),
+                            read_artifact(embedded_path, embedded_chunks_schema(dim)), load)
+    row = runs_row(summary, run_id=run_id, started=started, finished=finished, status="completed",
+                   config_fp=config_fp, stage_seconds=stage_seconds, versions=load["versions"], notices=notices)
+    db = connect(store_uri)
+    table = open_table(db, RUNS)
+    if table is None:
+        db.create_table(RUNS, row, schema=RUNS_SCHEMA)
+    else:
+        table.add(row)
+    logger = get_run_logger()
+    logger.info("run %s: %s", run_id, ", ".join(f"{k}={summary[k]}" for k in RUN_COUNTS))
+    for notice in notices:
+        logger.warning(notice)
+    return {"run_id": run_id, **summary, "stage_seconds": stage_seconds, "versions": load["versions"],
+            "notices": notices}

@@ -1,0 +1,58 @@
+"""LanceDB access for the write path: open tables, look rows up by key, create with the right schema."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import lancedb
+import pyarrow as pa
+
+from schemas.arrow import DOCUMENT_ROWS_SCHEMA, conform
+
+DOCUMENTS = "documents"
+RUNS = "runs"
+QUARANTINE = "quarantine"
+_IN_BATCH = 5000  # keys per IN (...) filter: keeps each SQL predicate small
+
+
+def connect(uri: str | Path) -> lancedb.DBConnection:
+    """Open (creating if needed) the LanceDB database at uri."""
+    Path(uri).mkdir(parents=True, exist_ok=True)
+    return lancedb.connect(str(uri))
+
+
+def table_names(db: lancedb.DBConnection) -> set[str]:
+    """Return the names of the tables in db."""
+    listed = db.list_tables()
+    return set(getattr(listed, "tables", listed))
+
+
+def open_table(db: lancedb.DBConnection, name: str) -> lancedb.table.Table | None:
+    """Open a table, or return None when it does not exist yet."""
+    return db.open_table(name) if name in table_names(db) else None
+
+
+def sql_list(values: Iterable[str]) -> str:
+    """Render values as a SQL IN list of single-quoted literals."""
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
+
+
+def select_where_in(table: lancedb.table.Table | None, column: str, values: Iterable[str],
+                    columns: list[str], schema: pa.Schema) -> pa.Table:
+    """Return rows whose column is in values, only the named columns; empty when table is None."""
+    values = sorted(set(values))
+    parts = [pa.Table.from_pylist([], schema=pa.schema([schema.field(c) for c in columns]))]
+    if table is not None:
+        for i in range(0, len(values), _IN_BATCH):
+            where = f"{column} IN ({sql_list(values[i : i + _IN_BATCH])})"
+            parts.append(table.search().where(where).select(columns).limit(None).to_arrow())
+    return pa.concat_tables([conform(p, parts[0].schema) for p in parts])
+
+
+def known_documents(db: lancedb.DBConnection) -> pa.Table:
+    """Return every row of the documents table (no vectors: it stays small)."""
+    table = open_table(db, DOCUMENTS)
+    if table is None:
+        return DOCUMENT_ROWS_SCHEMA.empty_table()
+    return conform(table.to_arrow(), DOCUMENT_ROWS_SCHEMA)

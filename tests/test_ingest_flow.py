@@ -1,0 +1,196 @@
+"""The ingest flow end to end on a real Prefect server, real LanceDB and real unstructured."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import lancedb
+import pyarrow.parquet as pq
+import pytest
+
+import tasks.load
+from flows.ingest import ingest
+from providers.embedders import HashingEmbedder
+from query import search
+from schemas.config import load_config
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+GUIDE = "guides/boat-maintenance.md"
+OLD_PARAGRAPH = "Small chips are filled with gelcoat paste mixed with 2% hardener."
+NEW_PARAGRAPH = "Small chips are filled with epoxy filler mixed with 3% hardener, never with plain gelcoat."
+
+
+def _tables(config: Path) -> tuple[list[dict], list[dict]]:
+    """Return (documents, chunks) rows sorted by id, without timestamps and run ids."""
+    db = lancedb.connect(str(load_config(config).store.uri))
+    docs = db.open_table("documents").to_arrow().drop_columns(["updated_at", "first_run_id", "last_run_id"])
+    chunks = db.open_table("chunks").to_arrow().drop_columns(["run_id"])
+    return (sorted(docs.to_pylist(), key=lambda r: r["doc_id"]),
+            sorted(chunks.to_pylist(), key=lambda r: r["chunk_id"]))
+
+
+def _chunks_by_id(config: Path) -> dict[str, dict]:
+    return {r["chunk_id"]: r for r in _tables(config)[1]}
+
+
+@pytest.fixture
+def embedded_texts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every text the hashing embedder is asked to embed (the real embedder still runs)."""
+    seen: list[str] = []
+    original = HashingEmbedder.embed
+
+    def spy(self: HashingEmbedder, texts: list[str]):  # noqa: ANN202 - returns what the original returns
+        seen.extend(texts)
+        return original(self, texts)
+
+    monkeypatch.setattr(HashingEmbedder, "embed", spy)
+    return seen
+
+
+def test_rerun_of_unchanged_corpus_does_no_model_work_and_writes_no_chunk(corpus, write_config, embedded_texts):
+    config = write_config(corpus)
+    first = ingest(config_path=str(config))
+    assert first["docs_new"] == 5 and first["docs_quarantined"] == 0
+    assert first["texts_embedded"] == first["chunks_added"] > 0
+    assert len(embedded_texts) == first["texts_embedded"]
+    before = _tables(config)
+
+    embedded_texts.clear()
+    second = ingest(config_path=str(config))
+    assert second["docs_unchanged"] == 5
+    assert (second["texts_embedded"], second["texts_enriched"], second["chunks_written"]) == (0, 0, 0)
+    assert embedded_texts == []
+    assert _tables(config) == before
+
+
+def test_touched_file_with_same_bytes_is_unchanged(corpus, write_config):
+    config = write_config(corpus)
+    ingest(config_path=str(config))
+    guide = corpus / GUIDE
+    guide.write_bytes(guide.read_bytes())  # new mtime, same content
+    summary = ingest(config_path=str(config))
+    assert summary["docs_unchanged"] == 5 and summary["texts_embedded"] == 0
+
+
+def test_edited_paragraph_reembeds_only_the_new_chunk_texts(corpus, write_config, embedded_texts):
+    config = write_config(corpus)
+    ingest(config_path=str(config))
+    before = _chunks_by_id(config)
+
+    guide = corpus / GUIDE
+    guide.write_text(guide.read_text().replace(OLD_PARAGRAPH, NEW_PARAGRAPH))
+    embedded_texts.clear()
+    summary = ingest(config_path=str(config))
+
+    assert (summary["docs_changed"], summary["docs_unchanged"]) == (1, 4)
+    run_dir = load_config(config).store.artifacts / summary["run_id"]
+    assert pq.read_table(run_dir / "extracted.parquet")["doc_id"].to_pylist() == [f"sample:{GUIDE}"]
+    after = _chunks_by_id(config)
+    new_ids = set(after) - set(before)
+    assert new_ids and all(after[i]["doc_id"] == f"sample:{GUIDE}" for i in new_ids)
+    assert any(NEW_PARAGRAPH in after[i]["text"] for i in new_ids)
+    expected_inputs = sorted(f"{after[i]['text']}\n\n{after[i]['enrichment']}" for i in new_ids)
+    assert sorted(embedded_texts) == expected_inputs
+    assert summary["texts_embedded"] == len(new_ids) == summary["chunks_added"]
+    for chunk_id in set(before) & set(after):
+        assert after[chunk_id]["vector"] == before[chunk_id]["vector"]
+    assert summary["chunks_removed"] == len(set(before) - set(after)) == 1
+
+
+def test_deleted_document_loses_its_chunks_and_added_one_is_searchable(corpus, write_config):
+    config = write_config(corpus)
+    ingest(config_path=str(config))
+    (corpus / "harbour-faq.txt").unlink()
+    (corpus / "guides" / "knots.md").write_text(
+        "# Knots\n\n## Bowline\n\nThe bowline makes a fixed loop at the end of a line that will not slip "
+        "or jam, and it is untied easily after carrying a load.\n")
+    summary = ingest(config_path=str(config))
+    assert (summary["docs_deleted"], summary["docs_new"]) == (1, 1)
+    docs, chunks = _tables(config)
+    assert "sample:harbour-faq.txt" not in {d["doc_id"] for d in docs}
+    assert not [c for c in chunks if c["doc_id"] == "sample:harbour-faq.txt"]
+    hits = search("bowline fixed loop that will not slip", k=1, config=config)
+    assert hits[0].doc_id == "sample:guides/knots.md"
+    assert hits[0].citation.heading_path == ("Knots", "Bowline")
+
+
+def test_crash_between_chunk_and_document_commit_converges(corpus, write_config, tmp_path, monkeypatch):
+    config = write_config(corpus)
+    ingest(config_path=str(config))
+    guide = corpus / GUIDE
+    guide.write_text(guide.read_text().replace(OLD_PARAGRAPH, NEW_PARAGRAPH))
+    (corpus / "guides" / "knots.md").write_text("# Knots\n\nThe reef knot joins two ends of one line.\n")
+
+    def crash(*_args, **_kwargs):  # noqa: ANN202
+        raise RuntimeError("injected crash after the chunk commit")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(tasks.load, "commit_documents", crash)
+        with pytest.raises(RuntimeError, match="injected crash"):
+            ingest(config_path=str(config))
+    recovered = ingest(config_path=str(config))
+    assert recovered["texts_embedded"] == 0, "vectors committed before the crash must be reused"
+
+    reference = write_config(corpus, name="reference.yaml", store="reference")
+    ingest(config_path=str(reference))
+    got_docs, got_chunks = _tables(config)
+    ref_docs, ref_chunks = _tables(reference)
+    assert got_chunks == ref_chunks
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("mtime_ns",)} for r in rows]  # noqa: E731
+    assert strip(got_docs) == strip(ref_docs)
+    assert len({c["chunk_id"] for c in got_chunks}) == len(got_chunks)
+
+
+def test_sample_question_finds_its_document_with_citation(corpus, write_config):
+    config = write_config(corpus, embedding={"kind": "minilm"})
+    ingest(config_path=str(config))
+    hits = search("How do I winterize the outboard engine?", k=3, config=config)
+    top = hits[0]
+    assert top.doc_id == f"sample:{GUIDE}"
+    assert top.citation.title == "Boat maintenance guide"
+    assert top.citation.heading_path == ("Boat maintenance guide", "Engine winterization")
+    assert top.citation.uri == (corpus / GUIDE).as_uri()
+    assert "fogging oil" in top.text and "Keywords:" not in top.text
+
+    pdf_hit = search("How much surplus did the regatta make?", k=1, config=config)[0]
+    assert pdf_hit.doc_id == "sample:reports/regatta-report-2025.pdf"
+    assert (pdf_hit.citation.heading_path, pdf_hit.citation.pages) == (("Finances",), (2, 2))
+
+
+BAD_FILES = {
+    "pdf_encrypted/unstructured__password.pdf": "encrypted",
+    "office_encrypted/tika__protected_normal_case.docx": "encrypted",
+    "office_corrupt/tika__testWORD_truncated.docx": "corrupt",
+    "empty_or_whitespace/unstructured__empty.txt": "empty",
+    "pdf_no_text_layer/ocrmypdf__blank.pdf": "no_text",
+}
+
+
+def test_bad_files_are_quarantined_while_good_ones_are_indexed(corpus, write_config, shared_corpora):
+    bad_dir = corpus / "incoming"
+    bad_dir.mkdir()
+    for rel in BAD_FILES:
+        shutil.copy(shared_corpora / "bad" / rel, bad_dir / Path(rel).name)
+    config = write_config(corpus)
+    summary = ingest(config_path=str(config))
+
+    reasons = {q["doc_id"].split("/")[-1]: q["reason"] for q in summary["quarantined"]}
+    assert reasons == {Path(rel).name: reason for rel, reason in BAD_FILES.items()}
+    assert all(q["message"] for q in summary["quarantined"])
+    db = lancedb.connect(str(load_config(config).store.uri))
+    assert db.open_table("quarantine").count_rows() == len(BAD_FILES)
+    docs = {d["doc_id"]: d for d in db.open_table("documents").to_arrow().to_pylist()}
+    assert sum(d["status"] == "ok" for d in docs.values()) == 5
+    assert {d["doc_id"] for d in docs.values() if d["status"] == "ok"} == {
+        r["doc_id"] for r in db.open_table("chunks").to_arrow().select(["doc_id"]).to_pylist()}
+
+    # Unchanged broken files are not retried; a fixed one is picked up again.
+    again = ingest(config_path=str(config))
+    assert again["docs_quarantined"] == 0 and again["docs_unchanged"] == 5 + len(BAD_FILES)
+    (bad_dir / "unstructured__empty.txt").write_text("The empty file now explains the harbour tide table.\n")
+    fixed = ingest(config_path=str(config))
+    assert fixed["docs_changed"] == 1 and fixed["docs_quarantined"] == 0
+    assert db.open_table("quarantine").count_rows() == len(BAD_FILES) - 1
+    assert search("harbour tide table", k=1, config=config)[0].doc_id == "sample:incoming/unstructured__empty.txt"
