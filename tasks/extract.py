@@ -147,8 +147,11 @@ def _partition(path: str, kind: str, cfg: ExtractionConfig) -> list:
     return partition_text(filename=path, languages=["eng"])
 
 
-def check_pdf_opens(data: bytes) -> None:
-    """Refuse PDFs that need a password: unstructured would return no text instead of saying why."""
+def check_pdf_opens(data: bytes) -> str | None:
+    """Refuse PDFs that need a password; return pypdf's complaint about a damaged file, if any.
+
+    unstructured returns no text for both instead of saying why.
+    """
     import io
 
     from pypdf import PdfReader
@@ -159,8 +162,11 @@ def check_pdf_opens(data: bytes) -> None:
         # An empty user password (common for "protected" reports) opens the file: try it.
         if reader.is_encrypted and not reader.decrypt(""):
             raise ExtractionError("encrypted", "the PDF needs a user password")
-    except (PyPdfError, ValueError, KeyError, TypeError, AssertionError, RecursionError):
-        return  # pypdf is stricter than pdfminer: let unstructured try and report its own error
+        len(reader.pages)
+    except (PyPdfError, ValueError, KeyError, TypeError, AssertionError, RecursionError) as exc:
+        # pypdf is stricter than pdfminer: let unstructured try, and keep this for the verdict.
+        return f"{type(exc).__name__}: {exc}"[:300]
+    return None
 
 
 def _classify_failure(exc: Exception, data: bytes, kind: str) -> ExtractionError:
@@ -182,13 +188,14 @@ def partitioned_elements(doc_id: str, path: str, data: bytes, cfg: ExtractionCon
         raise ExtractionError("unsupported", f"no extractor for '{kind or 'no extension'}' files")
     if kind in {".txt", ".html", ".htm"} and not decode_text(data).strip():
         raise ExtractionError("empty", "the document has no text")
-    if kind == ".pdf":
-        check_pdf_opens(data)
+    damage = check_pdf_opens(data) if kind == ".pdf" else None
     try:
         elements = _partition(path, kind, cfg)
     except Exception as exc:  # noqa: BLE001 - any parser failure quarantines this one document
         raise _classify_failure(exc, data, kind) from exc
     rows = [r for i, e in enumerate(elements) if (r := element_row(doc_id, i, e)) is not None]
+    if not rows and damage:
+        raise ExtractionError("corrupt", f"the PDF is damaged and yielded no text ({damage})")
     if not rows:
         reason = "no_text" if kind == ".pdf" else "empty"
         raise ExtractionError(reason, "no text could be extracted (scanned or image-only?)")

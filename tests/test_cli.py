@@ -1,0 +1,35 @@
+"""The inlet command as a user runs it: in a subprocess, with its exit codes and output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+INLET = [sys.executable, "-m", "inlet.cli"]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*INLET, *args], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+
+
+def test_bad_config_exits_2_naming_file_and_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sources:\n  - {name: a, path: docs}\nembeding: {kind: hashing}\n")
+    out = _run("ingest", "--config", str(bad))
+    assert out.returncode == 2
+    assert f"{bad}: embeding: Extra inputs are not permitted" in out.stderr
+
+
+def test_ingest_then_query_from_the_command_line(corpus, write_config):
+    config = write_config(corpus)
+    ingest = _run("ingest", "--config", str(config), "--json")
+    assert ingest.returncode == 0, ingest.stderr[-2000:]
+    summary = json.loads(ingest.stdout[ingest.stdout.index("{"):])
+    assert summary["docs_new"] == 5 and summary["texts_embedded"] > 0
+    query = _run("query", "wind limits for laser dinghies", "-k", "1", "--where", "tags=sailing",
+                 "--config", str(config))
+    assert query.returncode == 0, query.stderr[-2000:]
+    assert "Safety policy > Wind limits" in query.stdout and "Laser dinghies | 20 knots" in query.stdout

@@ -1,0 +1,72 @@
+"""Change detection at the document level: stat first, then bytes, then settings and metadata."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from schemas.arrow import DOCUMENT_ROWS_SCHEMA, LISTING_SCHEMA
+from tasks.detect import classify_documents
+
+
+def _listed(doc_id: str, size: int = 10, mtime: int = 1, meta: str = "m") -> dict:
+    return {"doc_id": doc_id, "source": "s", "path": f"/x/{doc_id}", "uri": f"file:///x/{doc_id}", "size": size,
+            "mtime_ns": mtime, "mime": None, "doc_type": None, "tags": [], "access_level": "public",
+            "language": None, "extra": "{}", "meta_hash": meta}
+
+
+def _known(doc_id: str, digest: str | None = "h", status: str = "ok", fp: str = "fp", **listed) -> dict:
+    return {**_listed(doc_id, **listed), "title": None, "content_hash": digest, "settings_fp": fp,
+            "status": status, "error": None, "total_chunks": 1, "first_run_id": "r", "last_run_id": "r",
+            "updated_at": pa.scalar(0, pa.timestamp("us", tz="UTC")).as_py()}
+
+
+def _classify(listing: list[dict], known: list[dict], hashes: dict[str, str | None], **kw) -> dict[str, tuple]:
+    hashed: list[str] = []
+
+    def hasher(path: str) -> str | None:
+        hashed.append(path)
+        return hashes[path.rsplit("/", 1)[1]]
+
+    out = classify_documents(pa.Table.from_pylist(listing, schema=LISTING_SCHEMA),
+                             pa.Table.from_pylist(known, schema=DOCUMENT_ROWS_SCHEMA), "fp",
+                             hasher=hasher, sources={"s"}, **kw)
+    result = {r["doc_id"]: (r["change"], r["reason"]) for r in out.to_pylist()}
+    result["_hashed"] = tuple(sorted(p.rsplit("/", 1)[1] for p in hashed))
+    return result
+
+
+def test_same_stat_is_unchanged_without_reading_the_file():
+    got = _classify([_listed("a")], [_known("a")], {})
+    assert got == {"a": ("unchanged", None), "_hashed": ()}
+
+
+def test_new_changed_touched_deleted():
+    listing = [_listed("new"), _listed("edit", size=11), _listed("touch", mtime=2)]
+    known = [_known("edit"), _known("touch"), _known("gone")]
+    got = _classify(listing, known, {"new": "n", "edit": "h2", "touch": "h"})
+    assert got == {"new": ("new", None), "edit": ("changed", "content"), "touch": ("unchanged", "touched"),
+                   "gone": ("deleted", None), "_hashed": ("edit", "new", "touch")}
+
+
+def test_settings_or_metadata_change_reprocesses():
+    got = _classify([_listed("a"), _listed("b", meta="other")], [_known("a", fp="old"), _known("b")], {})
+    assert got["a"] == ("changed", "settings") and got["b"] == ("changed", "metadata")
+
+
+def test_quarantined_unchanged_waits_unless_asked_or_changed():
+    known = [_known("q", status="quarantined")]
+    assert _classify([_listed("q")], known, {})["q"] == ("unchanged", "quarantined")
+    assert _classify([_listed("q")], known, {}, retry_quarantined=True)["q"] == ("changed", "retry")
+    assert _classify([_listed("q", size=3)], known, {"q": "fixed"})["q"] == ("changed", "content")
+
+
+def test_unreadable_file_is_flagged_and_retried_next_time():
+    assert _classify([_listed("u")], [], {"u": None})["u"] == ("new", "unreadable")
+    was_unreadable = [_known("u", digest=None, status="quarantined")]
+    assert _classify([_listed("u")], was_unreadable, {"u": "now"})["u"] == ("changed", "content")
+
+
+def test_documents_of_unlisted_sources_are_not_deleted():
+    other = {**_known("o"), "source": "removed-source"}
+    got = _classify([], [other], {})
+    assert "o" not in got

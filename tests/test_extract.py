@@ -1,0 +1,112 @@
+"""Extraction with unstructured on real files: structure, pages, encryption, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.config import ExtractionConfig
+from schemas.errors import ExtractionError
+from tasks.extract import decode_text, extract_document, split_front_matter
+from tasks.spacy_fallback import NOTICE, install_fallback_if_needed, real_model_installed
+from tests.conftest import SAMPLE
+
+CFG = ExtractionConfig()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _spacy() -> None:
+    install_fallback_if_needed()
+
+
+def _kinds(doc: str) -> list[tuple[str, int | None, str]]:
+    result = extract_document("d", str(SAMPLE / doc), CFG)
+    return [(e["kind"], e["heading_level"], e["text"]) for e in result.elements]
+
+
+def test_markdown_is_kept_as_written_without_front_matter():
+    result = extract_document("d", str(SAMPLE / "guides/boat-maintenance.md"), CFG)
+    assert result.title == "Boat maintenance guide"
+    (element,) = result.elements
+    assert element["kind"] == "markdown"
+    assert element["text"].startswith("# Boat maintenance guide")
+    assert "```bash\n# log a completed winterization" in element["text"]
+    assert "tags: [maintenance" not in element["text"]
+
+
+def test_html_titles_become_headings_and_tables_survive():
+    kinds = _kinds("policies/safety-policy.html")
+    assert ("heading", 1, "Safety policy") in kinds and ("heading", 2, "Wind limits") in kinds
+    table = next(t for k, _, t in kinds if k == "table")
+    assert "Laser dinghies | 20 knots | 25 knots" in table
+    assert any(k == "list" and t.startswith("- Check the inflation") for k, _, t in kinds)
+    assert not any("Home" in t for _, _, t in kinds), "navigation is dropped"
+
+
+def test_docx_headings_tables_and_lists():
+    kinds = _kinds("handbook/membership-handbook.docx")
+    assert ("heading", 1, "Membership handbook") in kinds and ("heading", 2, "Volunteer duties") in kinds
+    assert any(k == "table" and "Junior (under 18) | 90 euros | no" in t for k, _, t in kinds)
+    assert any(k == "list" for k, _, _ in kinds)
+
+
+def test_pdf_with_empty_user_password_opens_with_page_numbers():
+    result = extract_document("d", str(SAMPLE / "reports/regatta-report-2025.pdf"), CFG)
+    pages = {e["page"] for e in result.elements}
+    assert pages == {1, 2}
+    assert any(e["page"] == 2 and "surplus of 1,530 euros" in e["text"] for e in result.elements)
+
+
+def test_text_file_is_partitioned():
+    result = extract_document("d", str(SAMPLE / "harbour-faq.txt"), CFG)
+    assert any("numbered space" in e["text"] for e in result.elements)
+
+
+def test_real_encrypted_report_with_empty_password_opens(shared_corpora):
+    folder = shared_corpora / "pdf" / "docugami-kg-rag" / "ntsb-aviation-incident-accident-reports"
+    result = extract_document("d", str(folder / "20080102X00002.pdf"), CFG)
+    assert len(result.elements) > 10 and max(e["page"] for e in result.elements) == 3
+
+
+@pytest.mark.parametrize(("rel", "reason"), [
+    ("pdf_encrypted/pdfminer__aes-256.pdf", "encrypted"),
+    ("pdf_truncated/truncated25pct__2023_Q1_NVDA.pdf", "corrupt"),
+    ("unsupported_format/unstructured__fake.doc", "unsupported"),
+    ("wrong_extension/renamed__word_sample.docx.pdf", None),  # sniffed as DOCX: extracts fine
+])
+def test_bad_files_raise_reasoned_errors(shared_corpora, rel, reason):
+    path = shared_corpora / "bad" / rel
+    if reason is None:
+        assert extract_document("d", str(path), CFG).elements
+        return
+    with pytest.raises(ExtractionError) as err:
+        extract_document("d", str(path), CFG)
+    assert err.value.reason == reason and err.value.message
+
+
+def test_missing_file_is_unreadable(tmp_path):
+    with pytest.raises(ExtractionError, match="unreadable"):
+        extract_document("d", str(tmp_path / "gone.md"), CFG)
+
+
+def test_oversized_file_is_quarantined_unread(tmp_path):
+    big = tmp_path / "big.txt"
+    big.write_text("x" * 2048)
+    with pytest.raises(ExtractionError, match="too_large"):
+        extract_document("d", str(big), ExtractionConfig(max_file_mb=0.001))
+
+
+def test_non_utf8_text_is_decoded_by_detection():
+    text = "Überseehafen: Schiffe müssen die Gebühren vor der Abfahrt bezahlen, sagt die Behörde."
+    assert decode_text(text.encode("cp1252")) == text
+    assert decode_text(b"\xef\xbb\xbfa\r\nb") == "a\nb"
+
+
+def test_front_matter_split():
+    meta, body = split_front_matter("---\ntitle: T\ntags: [a]\n---\n# H\n")
+    assert meta == {"title": "T", "tags": ["a"]} and body == "# H\n"
+    assert split_front_matter("---\n: [bad\n---\nx")[0] == {}
+
+
+def test_fallback_is_announced_only_without_the_real_model():
+    expected = None if real_model_installed() else NOTICE
+    assert install_fallback_if_needed() == expected

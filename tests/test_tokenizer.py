@@ -1,0 +1,33 @@
+"""tiktoken works offline from the rank file shipped as package data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from providers.tokenizer import RANK_FILE, count_tokens, verify_rank_file
+
+
+def test_shipped_rank_file_matches_published_sha256():
+    verify_rank_file()
+    assert RANK_FILE.name == "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"
+
+
+def test_cl100k_counts_tokens_from_the_shipped_file():
+    assert count_tokens("hello world") == 2
+    assert count_tokens("<|endoftext|>") > 1  # special-token text is counted literally, not refused
+
+
+def test_user_tiktoken_cache_dir_is_respected(tmp_path):
+    code = "import providers, os; print(os.environ['TIKTOKEN_CACHE_DIR'])"
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(tmp_path)
+
+
+def test_default_points_at_package_data():
+    code = "import providers, os; print(os.environ['TIKTOKEN_CACHE_DIR'])"
+    env = {k: v for k, v in os.environ.items() if k != "TIKTOKEN_CACHE_DIR"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(RANK_FILE.parent)
