@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections import Counter
@@ -10,13 +11,20 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from prefect import task
 
-from providers.tokenizer import count_tokens, decode, encode
+from providers.tokenizer import count_tokens as _count_tokens
+from providers.tokenizer import decode, encode
 from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA
 from schemas.config import ChunkingConfig, ChunkStrategy
 from tasks.artifacts import read_artifact, write_artifact
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t#]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def count_tokens(text: str) -> int:
+    """Count cl100k tokens; cached because packing asks about the same blocks several times."""
+    return _count_tokens(text)
 
 
 @dataclass

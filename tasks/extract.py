@@ -21,6 +21,7 @@ MARKDOWN = {".md", ".markdown"}
 PARTITIONED = {".txt", ".html", ".htm", ".pdf", ".docx"}
 _OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # legacy Office / encrypted OOXML container
 _FRONT_MATTER = re.compile(r"\A(?:---|\+\+\+)[ \t]*\n(.*?)\n(?:---|\+\+\+)[ \t]*(?:\n|\Z)", re.S)
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faster on front matter
 _SKIPPED_CATEGORIES = {"PageBreak", "Header", "Footer", "PageNumber", "Image", "FigureCaption"}
 
 
@@ -65,7 +66,7 @@ def split_front_matter(text: str) -> tuple[dict, str]:
     if not match:
         return {}, text
     try:
-        meta = yaml.safe_load(match.group(1))
+        meta = yaml.load(match.group(1), Loader=_YAML_LOADER)  # noqa: S506 - a safe loader, C or Python
     except yaml.YAMLError:
         return {}, text
     return (meta if isinstance(meta, dict) else {}), text[match.end() :]
@@ -246,12 +247,14 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig) -> tuple[pa.Ta
 @task(name="extract")
 def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str) -> tuple[str, str, list[str]]:
     """Extract new and changed documents; write elements and extracted artifacts."""
-    from tasks.spacy_fallback import install_fallback_if_needed
-
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
     todo = [p for p, c in zip(documents["path"].to_pylist(), documents["change"].to_pylist()) if c in ("new", "changed")]
-    # Only pay for loading spaCy and unstructured when some file needs unstructured.
-    notice = install_fallback_if_needed() if any(Path(p).suffix.lower() not in MARKDOWN for p in todo) else None
+    notice = None
+    if any(Path(p).suffix.lower() not in MARKDOWN for p in todo):
+        # Only pay for loading spaCy and unstructured (~2-4 s) when some file needs unstructured.
+        from tasks.spacy_fallback import install_fallback_if_needed
+
+        notice = install_fallback_if_needed()
     elements, extracted = extract_documents(documents, cfg)
     failed = extracted.filter(pa.compute.equal(extracted["status"], "quarantined"))
     logger = get_run_logger()

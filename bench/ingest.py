@@ -1,0 +1,249 @@
+"""Benchmark: Inlet's ingest flow on ../shared/corpora/markdown in the peers' four scenarios.
+
+    .venv/bin/python bench/ingest.py                      # hashing embedder, 3 reps, all scenarios
+    .venv/bin/python bench/ingest.py --embedder minilm --reps 1
+
+Scenarios and file choices are those of ../shared/bench-peers (its common.py is imported, so
+both see exactly the same edits): a) cold, b) no-op re-run, c) 1% changed (14 edited, 2
+deleted, 2 added), d) 10% changed (138 edited). Each measured run is its own process against a
+Prefect server this script starts once. Reported apart: interpreter + import start-up, Prefect
+orchestration (flow wall minus stage time) and pipeline time (the stages themselves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+_T0 = time.perf_counter()
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+PEERS = Path(os.environ.get("PEERS_DIR", SHARED / "bench-peers"))
+CORPUS = Path(os.environ.get("PEERS_CORPUS", SHARED / "corpora" / "markdown"))
+SCENARIOS = ("a_cold", "b_noop", "c_1pct", "d_10pct")
+
+
+# --- worker: one measured run in its own process -------------------------------------------------
+
+
+def worker(config: str, out: str) -> None:
+    """Run the flow once and write timings, counts and peak RSS as JSON."""
+    import_start = time.perf_counter()
+    from flows.ingest import ingest
+    from schemas.config import load_config
+    from tasks.store import connect, open_table
+
+    imported = time.perf_counter()
+    summary = ingest(config_path=config)
+    done = time.perf_counter()
+    cfg = load_config(config)
+    table = open_table(connect(cfg.store.uri), cfg.store.chunks_table)
+    stage_s = summary["pipeline_seconds"]
+    result = {
+        "interpreter_s": import_start - _T0, "import_s": imported - import_start, "flow_s": done - imported,
+        "pipeline_s": stage_s, "prefect_overhead_s": (done - imported) - stage_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rows": table.count_rows() if table is not None else 0,
+        **{k: v for k, v in summary.items() if k not in ("quarantined",)},
+    }
+    Path(out).write_text(json.dumps(result, default=str))
+
+
+# --- driver -------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_prefect_server(home: Path) -> tuple[subprocess.Popen, str, float]:
+    """Start a local Prefect server; return it, its API URL and its start-up seconds."""
+    port = _free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
+           "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/api"
+    for _ in range(240):
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return proc, url, time.perf_counter() - start
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("Prefect server did not answer /api/health within 120 s")
+
+
+def write_config(state: Path, embedder: str) -> Path:
+    """Write the benchmark config: the peers' chunk settings, enrichment off."""
+    import yaml
+
+    embedding = {"kind": "hashing", "dim": 384} if embedder == "hashing" else {"kind": "minilm"}
+    data = {
+        "sources": [{"name": "md", "path": str(state / "corpus"), "include": ["**/*.md"]}],
+        "chunking": {"max_tokens": 512, "overlap_tokens": 64},
+        "enrichment": {"enabled": False},
+        "embedding": embedding,
+        "store": {"uri": str(state / "store" / "lancedb"), "artifacts": str(state / "store" / "runs")},
+    }
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / "inlet.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def measure(config: Path, env: dict[str, str], work: Path) -> dict:
+    """Run one worker process and return its JSON plus the whole process wall time."""
+    out = work / "result.json"
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--worker", str(config), str(out)], env=env,
+                          capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker failed:\n{proc.stderr[-4000:]}")
+    result = json.loads(out.read_text())
+    result["process_wall_s"] = wall
+    return result
+
+
+def chunk_identity(store: Path) -> set[tuple[str, str, str]]:
+    """Return (doc_id, text_hash, chunk_id) of every chunk row."""
+    import lancedb
+
+    rows = lancedb.connect(str(store / "lancedb")).open_table("chunks").to_arrow()
+    return set(zip(rows["doc_id"].to_pylist(), rows["text_hash"].to_pylist(), rows["chunk_id"].to_pylist()))
+
+
+def _copy(src: Path, dst: Path) -> None:
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)  # copy2 keeps mtimes, so unchanged files stay unchanged by stat
+
+
+def run_embedder(embedder: str, scenarios: list[str], reps: int, env: dict[str, str], work: Path) -> list[dict]:
+    """Measure every scenario reps times; check each against a cold build of the same final corpus."""
+    sys.path.insert(0, str(PEERS))
+    from common import apply_changes  # the peers' own change plan, so both sides see the same edits
+
+    state, snap = work / "state", work / f"snapshot-{embedder}"
+    config = write_config(state, embedder)
+    rows: list[dict] = []
+    for scenario in scenarios:
+        for rep in range(reps):
+            if scenario == "a_cold" or not snap.exists():
+                shutil.rmtree(state / "store", ignore_errors=True)
+                _copy(CORPUS, state / "corpus")
+                if scenario != "a_cold":
+                    measure(config, env, work)
+            if scenario != "a_cold":
+                _copy(snap / "corpus", state / "corpus")
+                _copy(snap / "store", state / "store")
+                apply_changes(state / "corpus", scenario)
+            result = measure(config, env, work)
+            if scenario == "a_cold" and not snap.exists():
+                _copy(state / "corpus", snap / "corpus")
+                _copy(state / "store", snap / "store")
+            if rep == 0:
+                got = chunk_identity(state / "store")
+                ref_state = work / "reference"
+                _copy(state / "corpus", ref_state / "corpus")
+                shutil.rmtree(ref_state / "store", ignore_errors=True)
+                measure(write_config(ref_state, embedder), env, work)
+                ref = chunk_identity(ref_state / "store")
+                result["leftover_rows"], result["missing_rows"] = len(got - ref), len(ref - got)
+            rows.append({"embedder": embedder, "scenario": scenario, "rep": rep, **result})
+            print(f"{embedder} {scenario} rep {rep}: flow {result['flow_s']:.2f}s pipeline "
+                  f"{result['pipeline_s']:.2f}s embedded {result['texts_embedded']} rows {result['rows']}",
+                  flush=True)
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Medians per (embedder, scenario)."""
+    out = []
+    keys = sorted({(r["embedder"], r["scenario"]) for r in rows}, key=lambda k: (k[0], SCENARIOS.index(k[1])))
+    for embedder, scenario in keys:
+        group = [r for r in rows if (r["embedder"], r["scenario"]) == (embedder, scenario)]
+        med = lambda k: statistics.median(r[k] for r in group)  # noqa: E731
+        docs = group[0]["docs_new"] + group[0]["docs_changed"] + group[0]["docs_unchanged"]
+        out.append({
+            "embedder": embedder, "scenario": scenario, "reps": len(group),
+            "flow_s": med("flow_s"), "pipeline_s": med("pipeline_s"), "prefect_overhead_s": med("prefect_overhead_s"),
+            "startup_s": statistics.median(r["process_wall_s"] - r["flow_s"] for r in group),
+            "import_s": med("import_s"),
+            "min_s": min(r["pipeline_s"] for r in group), "max_s": max(r["pipeline_s"] for r in group),
+            "docs_per_s": docs / med("pipeline_s"), "texts_embedded": group[0]["texts_embedded"],
+            "rows": group[0]["rows"], "peak_rss_mb": med("peak_rss_mb"),
+            "leftover_rows": group[0].get("leftover_rows"), "missing_rows": group[0].get("missing_rows"),
+            "stage_seconds": group[0]["stage_seconds"],
+        })
+    return out
+
+
+def markdown_table(summary: list[dict], server_s: float) -> str:
+    """Render the medians as a Markdown table."""
+    lines = [
+        f"Prefect server start-up (once): {server_s:.1f} s",
+        "",
+        "| embedder | scenario | pipeline s (median) | min-max | + Prefect run overhead s | start-up s "
+        "| docs/s | texts embedded | rows | peak RSS MB | leftover / missing vs cold |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for s in summary:
+        lines.append(
+            f"| {s['embedder']} | {s['scenario']} | {s['pipeline_s']:.2f} | {s['min_s']:.2f}-{s['max_s']:.2f} "
+            f"| {s['prefect_overhead_s']:.2f} | {s['startup_s']:.2f} | {s['docs_per_s']:.0f} "
+            f"| {s['texts_embedded']} | {s['rows']} | {s['peak_rss_mb']:.0f} | {s['leftover_rows']} / {s['missing_rows']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Parse arguments and run the benchmark."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--embedder", choices=["hashing", "minilm", "both"], default="hashing")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "ingest.json"))
+    parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(*args.worker)
+        return
+    if not CORPUS.is_dir() or not (PEERS / "common.py").is_file():
+        sys.exit(f"needs {CORPUS} and {PEERS}/common.py (the shared folder beside this checkout)")
+    work = Path(tempfile.mkdtemp(prefix="inlet-bench-"))
+    server, url, server_s = start_prefect_server(work / "prefect-home")
+    env = {**os.environ, "PREFECT_API_URL": url, "PYTHONPATH": str(ROOT)}
+    try:
+        embedders = ["hashing", "minilm"] if args.embedder == "both" else [args.embedder]
+        rows = [r for e in embedders for r in run_embedder(e, args.scenarios.split(","), args.reps, env, work)]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    summary = summarize(rows)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"rows": rows, "summary": summary, "server_start_s": server_s}, indent=1,
+                                         default=str))
+    print(markdown_table(summary, server_s))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
