@@ -66,6 +66,6 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
                        dim=dim, settings_fp=settings_fp, run_id=run_id, now=started)
     summary = report_stage(documents, extracted, embedded, loaded, dim=dim, store_uri=store, run_id=run_id,
                            started=started, finished=datetime.now(UTC), config_fp=cfg.fingerprint(),
-                           stage_seconds=clock.seconds, notices=notices)
+                           stage_seconds=clock.seconds, notices=notices, run_dir=run_dir)
     # The flow body alone; Prefect's own run set-up and teardown come on top of this.
     return {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}

@@ -213,7 +213,9 @@ def pack_section(section: Section, cfg: ChunkingConfig) -> list[Piece]:
             if current and size + sep + n > cfg.max_tokens:
                 pieces.append(Piece(_render(current), section.path, _pages(current)))
                 tail = _overlap_tail(current[-1], cfg.overlap_tokens)
-                current, size = ([tail], count_tokens(tail.text)) if tail and count_tokens(tail.text) + sep + n <= cfg.max_tokens else ([], 0)
+                # Carry the overlap only if it still leaves room for the next part.
+                keep = tail is not None and count_tokens(tail.text) + sep + n <= cfg.max_tokens
+                current, size = ([tail], count_tokens(tail.text)) if keep else ([], 0)
             current.append(part)
             size += (sep if size else 0) + n
     if current:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import mimetypes
+import os
 from pathlib import Path
 
 import pyarrow as pa
 from prefect import get_run_logger, task
+from wcmatch import glob as wcglob
 
 from schemas.arrow import LISTING_SCHEMA
 from schemas.config import InletConfig, SourceConfig
@@ -25,12 +27,24 @@ def metadata_fields(src: SourceConfig) -> dict:
     return fields
 
 
-def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...]) -> list[Path]:
-    """Return files under root matched by an include glob and by no exclude glob, sorted."""
-    picked = {p for pattern in include for p in root.glob(pattern) if p.is_file()}
-    dropped = {p for pattern in exclude for p in root.glob(pattern)}
-    # A file under an excluded folder is dropped too.
-    return sorted(p for p in picked - dropped if not any(d in p.parents for d in dropped))
+_GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE  # ** spans folders, {md,txt} alternatives
+
+
+def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...]) -> list[tuple[str, Path]]:
+    """Return (relative posix path, path) of files under root matched by include and not by exclude, sorted."""
+    wanted = wcglob.compile(include, flags=_GLOB_FLAGS)
+    unwanted = wcglob.compile(exclude, flags=_GLOB_FLAGS) if exclude else None
+    out = []
+    # os.walk does not follow symlinked folders, and is several times faster than Path.glob here.
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        base = Path(dirpath)
+        prefix = base.relative_to(root).as_posix()
+        for name in filenames:
+            rel = name if prefix == "." else f"{prefix}/{name}"
+            if wanted.match(rel) and not (unwanted and unwanted.match(rel)):
+                out.append((rel, base / name))
+    return sorted(out)
 
 
 def list_source(src: SourceConfig) -> list[dict]:
@@ -40,9 +54,11 @@ def list_source(src: SourceConfig) -> list[dict]:
         raise ConfigError(msg)
     meta = metadata_fields(src)
     rows = []
-    for path in matching_files(src.path, src.include, src.exclude):
-        stat = path.stat()
-        rel = path.relative_to(src.path).as_posix()
+    for rel, path in matching_files(src.path, src.include, src.exclude):
+        try:
+            stat = path.stat()
+        except OSError:  # a dangling symlink or a file removed while listing: not a document now
+            continue
         rows.append({"doc_id": f"{src.name}:{rel}", "source": src.name, "path": str(path),
                      "uri": path.as_uri(), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
                      "mime": mimetypes.guess_type(path.name)[0], **meta})

@@ -124,17 +124,25 @@ def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table, scope: li
 
 def upsert_keyed(db: lancedb.DBConnection, name: str, key: str, rows: pa.Table, schema: pa.Schema,
                  delete_ids: list[str]) -> int | None:
-    """Upsert rows by key and delete delete_ids, creating the table if needed; return its version."""
+    """Upsert rows by key and delete delete_ids in one commit, creating the table if needed; return its version."""
     table = open_table(db, name)
     if table is None:
         if rows.num_rows == 0:
             return None
         return db.create_table(name, conform(rows, schema), schema=schema).version
     if delete_ids:
+        # Only ids the table holds: a delete that matches nothing would still cost a commit.
+        present = select_where_in(table, key, delete_ids, [key], schema)[key].to_pylist()
+        delete_ids = [i for i in present if i not in set(rows[key].to_pylist())]
+    if rows.num_rows == 0 and not delete_ids:
+        return table.version
+    if rows.num_rows == 0:
         table.delete(f"{key} IN ({sql_list(delete_ids)})")
-    if rows.num_rows:
-        table.merge_insert(key).when_matched_update_all().when_not_matched_insert_all().execute(conform(rows, schema))
-    return table.version
+        return table.version
+    merge = table.merge_insert(key).when_matched_update_all().when_not_matched_insert_all()
+    if delete_ids:
+        merge = merge.when_not_matched_by_source_delete(f"{key} IN ({sql_list(delete_ids)})")
+    return merge.execute(conform(rows, schema)).version
 
 
 def commit_documents(db: lancedb.DBConnection, rows: pa.Table, deleted: list[str]) -> int | None:

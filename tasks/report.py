@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 from prefect import get_run_logger, task
 
 from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, RUN_COUNTS, RUNS_SCHEMA, embedded_chunks_schema
-from tasks.artifacts import read_artifact
+from tasks.artifacts import read_artifact, write_artifact
 from tasks.store import RUNS, connect, open_table
 
 
@@ -47,13 +47,14 @@ def runs_row(summary: dict, *, run_id: str, started: datetime, finished: datetim
 @task(name="report")
 def report_stage(documents_path: str, extracted_path: str, embedded_path: str, load: dict, *, dim: int,
                  store_uri: str, run_id: str, started: datetime, finished: datetime, config_fp: str,
-                 stage_seconds: dict[str, float], notices: list[str]) -> dict:
-    """Append the run to the runs table and return the run summary."""
+                 stage_seconds: dict[str, float], notices: list[str], run_dir: str) -> dict:
+    """Append the run to the runs table, write it as the run artifact and return the run summary."""
     summary = summarize_run(read_artifact(documents_path, DOCUMENTS_SCHEMA),
                             read_artifact(extracted_path, EXTRACTED_SCHEMA),
                             read_artifact(embedded_path, embedded_chunks_schema(dim)), load)
     row = runs_row(summary, run_id=run_id, started=started, finished=finished, status="completed",
                    config_fp=config_fp, stage_seconds=stage_seconds, versions=load["versions"], notices=notices)
+    write_artifact(row, run_dir, "run", RUNS_SCHEMA)
     db = connect(store_uri)
     table = open_table(db, RUNS)
     if table is None:
