@@ -105,21 +105,30 @@ def _check_vectors(table: lancedb.table.Table, dim: int) -> None:
         raise EmbedderMismatchError(msg)
 
 
-def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table, scope: list[str], dim: int) -> tuple[int, int]:
-    """Upsert rows and delete other chunks of the scoped documents in one commit; return (written, version)."""
+def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table, scope: list[str], dim: int,
+                  result: LoadResult) -> int:
+    """Upsert rows and delete other chunks of the scoped documents in one commit; count into result."""
     table = open_table(db, name)
     if table is None:
         table = db.create_table(name, rows, schema=chunk_rows_schema(dim))
-        return rows.num_rows, table.version
+        result.chunks_added = result.chunks_written = rows.num_rows
+        return table.version
     _check_vectors(table, dim)
     if not scope:
-        return 0, table.version
+        return table.version
+    where = f"doc_id IN ({sql_list(scope)})"
     if rows.num_rows == 0:
-        table.delete(f"doc_id IN ({sql_list(scope)})")
-        return 0, table.version
-    result = (table.merge_insert("chunk_id").when_matched_update_all().when_not_matched_insert_all()
-              .when_not_matched_by_source_delete(f"doc_id IN ({sql_list(scope)})").execute(rows))
-    return result.num_inserted_rows + result.num_updated_rows, result.version
+        result.chunks_removed = table.count_rows(where)
+        if result.chunks_removed:
+            table.delete(where)
+        return table.version
+    merged = (table.merge_insert("chunk_id").when_matched_update_all().when_not_matched_insert_all()
+              .when_not_matched_by_source_delete(where).execute(rows))
+    # Matched ids are chunks whose text survived the edit: their vectors came from the cache.
+    result.chunks_added, result.chunks_reused = merged.num_inserted_rows, merged.num_updated_rows
+    result.chunks_removed = merged.num_deleted_rows
+    result.chunks_written = merged.num_inserted_rows + merged.num_updated_rows
+    return merged.version
 
 
 def upsert_keyed(db: lancedb.DBConnection, name: str, key: str, rows: pa.Table, schema: pa.Schema,
@@ -167,12 +176,8 @@ def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extra
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
     deleted = _ids(documents, pc.equal(documents["change"], "deleted"))
     rows = chunk_rows(embedded, documents, extracted, run_id, dim)
-    before = select_where_in(open_table(db, chunks_table), "doc_id", ok + deleted, ["chunk_id"],
-                             chunk_rows_schema(dim))
-    old_ids, new_ids = set(before["chunk_id"].to_pylist()), set(rows["chunk_id"].to_pylist())
-    result = LoadResult(chunks_added=len(new_ids - old_ids), chunks_removed=len(old_ids - new_ids),
-                        chunks_reused=len(new_ids & old_ids))
-    result.chunks_written, chunks_version = commit_chunks(db, chunks_table, rows, ok + deleted, dim)
+    result = LoadResult()
+    chunks_version = commit_chunks(db, chunks_table, rows, ok + deleted, dim, result)
     doc_rows = document_rows(documents, extracted, embedded, known, settings_fp, run_id, now)
     docs_version = commit_documents(db, doc_rows, deleted)
     quarantined = quarantine_rows(documents, extracted, run_id, now)

@@ -8,6 +8,7 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
 
 from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, RUN_COUNTS, RUNS_SCHEMA, embedded_chunks_schema
 from tasks.artifacts import read_artifact, write_artifact
@@ -61,6 +62,10 @@ def report_stage(documents_path: str, extracted_path: str, embedded_path: str, l
         db.create_table(RUNS, row, schema=RUNS_SCHEMA)
     else:
         table.add(row)
+    # Shown on the flow run's Artifacts tab; one stable key keeps the history together.
+    create_table_artifact(key="ingest-run-summary", description=f"Inlet run {run_id}",
+                          table=[{"metric": k, "value": summary[k]} for k in RUN_COUNTS]
+                          + [{"metric": f"seconds {k}", "value": v} for k, v in stage_seconds.items()])
     logger = get_run_logger()
     logger.info("run %s: %s", run_id, ", ".join(f"{k}={summary[k]}" for k in RUN_COUNTS))
     for notice in notices:
