@@ -9,13 +9,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from prefect import task
 
 from providers.tokenizer import count_tokens as _count_tokens
 from providers.tokenizer import decode, encode
 from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA
 from schemas.config import ChunkingConfig, ChunkStrategy
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.stage import stage
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t#]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
@@ -300,7 +300,7 @@ def chunk_elements(elements: pa.Table, cfg: ChunkingConfig) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=CHUNKS_SCHEMA)
 
 
-@task(name="chunk")
+@stage("chunk")
 def chunk_stage(elements_path: str, cfg: ChunkingConfig, run_dir: str) -> str:
     """Read elements, chunk them, write the chunks artifact."""
     chunks = chunk_elements(read_artifact(elements_path, ELEMENTS_SCHEMA), cfg)

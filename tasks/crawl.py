@@ -9,13 +9,14 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from wcmatch import glob as wcglob
 
 from schemas.arrow import LISTING_SCHEMA
 from schemas.config import InletConfig, SourceConfig
 from schemas.errors import ConfigError
 from tasks.artifacts import write_artifact
+from tasks.stage import stage
 
 
 def metadata_fields(src: SourceConfig) -> dict:
@@ -71,7 +72,7 @@ def crawl_sources(cfg: InletConfig) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=LISTING_SCHEMA)
 
 
-@task(name="crawl")
+@stage("crawl")
 def crawl_stage(cfg: InletConfig, run_dir: str) -> str:
     """List the sources and write the listing artifact."""
     listing = crawl_sources(cfg)

@@ -8,13 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
 from providers.embedders import embedder_fingerprint
 from providers.enrichers import make_enricher
 from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA
 from schemas.config import InletConfig
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.stage import stage
 
 # Bump when extraction or chunking code changes what it produces: every document is reprocessed.
 PIPELINE_VERSION = "1"
@@ -85,7 +86,7 @@ def classify_documents(
     return pa.Table.from_pylist(rows, schema=DOCUMENTS_SCHEMA)
 
 
-@task(name="detect changes")
+@stage("detect changes")
 def detect_stage(listing_path: str, known: pa.Table, settings_fp: str, cfg: InletConfig, run_dir: str,
                  retry_quarantined: bool = False) -> str:
     """Classify listed files against the documents table and write the documents artifact."""

@@ -6,12 +6,13 @@ import hashlib
 
 import numpy as np
 import pyarrow as pa
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
 from providers.embedders import Embedder, embedder_dim, embedder_fingerprint, make_embedder
 from schemas.arrow import ENRICHED_CHUNKS_SCHEMA, embedded_chunks_schema
 from schemas.config import EmbeddingConfig, EnrichmentConfig
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.stage import stage
 from tasks.store import connect, open_table, select_where_in
 
 
@@ -66,7 +67,7 @@ def embed_chunks(enriched: pa.Table, inputs: list[str], embedder: Embedder, cach
             .append_column("vector", _vector_column(vectors, embedder.dim)))
 
 
-@task(name="embed")
+@stage("embed")
 def embed_stage(enriched_path: str, cfg: EmbeddingConfig, enrichment: EnrichmentConfig, store_uri: str,
                 chunks_table: str, run_dir: str) -> str:
     """Embed chunks whose vector is not already stored; write embedded_chunks."""

@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 
 import pyarrow as pa
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
 from providers.enrichers import EnrichInput, Enricher, make_enricher
 from schemas.arrow import CHUNKS_SCHEMA, ENRICHED_CHUNKS_SCHEMA, EXTRACTED_SCHEMA
 from schemas.config import EnrichmentConfig
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.stage import stage
 from tasks.store import connect, open_table, select_where_in
 
 BATCH = 64  # chunks per enricher call
@@ -55,7 +56,7 @@ def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher
             .append_column("enriched_now", pa.array(now, pa.bool_())))
 
 
-@task(name="enrich")
+@stage("enrich")
 def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, store_uri: str,
                  chunks_table: str, run_dir: str) -> str:
     """Enrich chunks whose enrichment is not already stored; write enriched_chunks."""

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import yaml
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
 from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.stage import stage
 
 MARKDOWN = {".md", ".markdown"}
 PARTITIONED = {".txt", ".html", ".htm", ".pdf", ".docx"}
@@ -244,7 +245,7 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig) -> tuple[pa.Ta
             pa.Table.from_pylist(extracted, schema=EXTRACTED_SCHEMA))
 
 
-@task(name="extract")
+@stage("extract")
 def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str) -> tuple[str, str, list[str]]:
     """Extract new and changed documents; write elements and extracted artifacts."""
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)

@@ -8,7 +8,7 @@ from datetime import datetime
 import lancedb
 import pyarrow as pa
 import pyarrow.compute as pc
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
 from schemas.arrow import (
     DOCUMENT_ROWS_SCHEMA,
@@ -22,6 +22,7 @@ from schemas.arrow import (
 )
 from schemas.errors import EmbedderMismatchError
 from tasks.artifacts import read_artifact
+from tasks.stage import stage
 from tasks.store import DOCUMENTS, QUARANTINE, connect, known_documents, open_table, select_where_in, sql_list
 
 _DOC_FIELDS = ["source", "title", "uri", "doc_type", "tags", "access_level", "language", "extra"]
@@ -191,7 +192,7 @@ def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extra
     return result
 
 
-@task(name="upsert")
+@stage("upsert")
 def upsert_stage(documents_path: str, extracted_path: str, embedded_path: str, *, store_uri: str,
                  chunks_table: str, dim: int, settings_fp: str, run_id: str, now: datetime) -> dict:
     """Commit the run's chunks and documents to LanceDB."""

@@ -7,11 +7,12 @@ from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, RUN_COUNTS, RUNS_SCHEMA, embedded_chunks_schema
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.stage import stage
 from tasks.store import RUNS, connect, open_table
 
 
@@ -45,7 +46,7 @@ def runs_row(summary: dict, *, run_id: str, started: datetime, finished: datetim
     return pa.Table.from_pylist([row], schema=RUNS_SCHEMA)
 
 
-@task(name="report")
+@stage("report")
 def report_stage(documents_path: str, extracted_path: str, embedded_path: str, load: dict, *, dim: int,
                  store_uri: str, run_id: str, started: datetime, finished: datetime, config_fp: str,
                  stage_seconds: dict[str, float], notices: list[str], run_dir: str) -> dict:
