@@ -151,8 +151,10 @@ def run_embedder(embedder: str, scenarios: list[str], reps: int, env: dict[str, 
             if scenario == "a_cold" or not snap.exists():
                 shutil.rmtree(state / "store", ignore_errors=True)
                 _copy(CORPUS, state / "corpus")
-                if scenario != "a_cold":
+                if scenario != "a_cold":  # untimed cold ingest to change from
                     measure(config, env, work)
+                    _copy(state / "corpus", snap / "corpus")
+                    _copy(state / "store", snap / "store")
             if scenario != "a_cold":
                 _copy(snap / "corpus", state / "corpus")
                 _copy(snap / "store", state / "store")
