@@ -48,6 +48,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     """Bring the LanceDB store up to date with the configured sources; return the run summary."""
     begin = time.perf_counter()
     cfg = load_config(config_path)
+    cfg.check_sources(config_path)
     started = datetime.now(UTC)
     run_id = new_run_id(started)
     run_dir = str(cfg.store.artifacts / run_id)

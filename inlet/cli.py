@@ -47,7 +47,7 @@ def ingest(
     from schemas.config import load_config
 
     try:
-        load_config(config)  # fail on a bad config before Prefect starts a server
+        load_config(config).check_sources(str(config))  # fail on a bad config before Prefect starts
         summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined)
     except InletError as exc:
         _fail(exc)

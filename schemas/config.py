@@ -158,6 +158,13 @@ class InletConfig(_Strict):
         store = self.store.model_copy(update={"uri": _abs(self.store.uri), "artifacts": _abs(self.store.artifacts)})
         return self.model_copy(update={"sources": sources, "store": store})
 
+    def check_sources(self, origin: str) -> None:
+        """Raise a ConfigError naming origin and the key when a source folder does not exist."""
+        for i, src in enumerate(self.sources):
+            if not src.path.is_dir():
+                msg = f"{origin}: sources.{i}.path: source '{src.name}' folder {src.path} does not exist"
+                raise ConfigError(msg)
+
     def fingerprint(self) -> str:
         """Return a short hash of the whole configuration."""
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)

@@ -23,6 +23,14 @@ def test_bad_config_exits_2_naming_file_and_key(tmp_path):
     assert f"{bad}: embeding: Extra inputs are not permitted" in out.stderr
 
 
+def test_missing_source_folder_exits_2_naming_the_key(tmp_path):
+    config = tmp_path / "inlet.yaml"
+    config.write_text(f"sources:\n  - {{name: docs, path: {tmp_path / 'nowhere'}}}\n")
+    out = _run("ingest", "--config", str(config))
+    assert out.returncode == 2
+    assert f"{config}: sources.0.path: source 'docs' folder" in out.stderr
+
+
 def test_ingest_then_query_from_the_command_line(corpus, write_config):
     config = write_config(corpus)
     ingest = _run("ingest", "--config", str(config), "--json")
