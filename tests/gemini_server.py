@@ -1,0 +1,166 @@
+"""A local HTTP server speaking the Gemini REST calls the real google-genai client makes (tests only).
+
+Answers are derived from the input, so they are the same on every run. Fault switches inject
+latency, 429s with a retry delay, 500s and malformed JSON, each by a seeded draw per request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+
+_ROUTE = re.compile(r"^/v1(?:beta)?/models/(?P<model>[^:/]+):(?P<method>\w+)$")
+
+
+@dataclass
+class Faults:
+    """What the server gets wrong, and how often."""
+
+    latency_s: float = 0.0
+    p429: float = 0.0
+    p500: float = 0.0
+    p_malformed: float = 0.0
+    retry_delay_s: int = 1
+    seed: int = 7
+
+
+@dataclass
+class Traffic:
+    """What the server saw: requests per method and texts per embedding request."""
+
+    calls: dict[str, int] = field(default_factory=dict)
+    embed_batch_sizes: list[int] = field(default_factory=list)
+    api_keys: set[str] = field(default_factory=set)
+    request_times: list[float] = field(default_factory=list)
+
+
+def fake_vector(text: str, dim: int) -> list[float]:
+    """Return a deterministic, deliberately unnormalised vector for text."""
+    seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    return (np.random.default_rng(seed).normal(size=dim) * 3.0).astype(float).round(6).tolist()
+
+
+def _text_of(content: dict) -> str:
+    return "".join(p.get("text", "") for p in content.get("parts", []))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: GeminiServer
+
+    def log_message(self, *_args: object) -> None:  # keep test output quiet
+        return
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str, details: list | None = None) -> None:
+        status_name = {429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 404: "NOT_FOUND"}.get(status, "UNKNOWN")
+        error = {"code": status, "message": message, "status": status_name}
+        if details:
+            error["details"] = details
+        self._send(status, json.dumps({"error": error}).encode())
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        srv = self.server
+        match = _ROUTE.match(self.path.split("?")[0])
+        payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        with srv.lock:
+            srv.traffic.request_times.append(time.monotonic())
+            srv.traffic.api_keys.add(self.headers.get("x-goog-api-key", ""))
+            draw = srv.rng.random()
+        if srv.faults.latency_s:
+            time.sleep(srv.faults.latency_s)
+        if match is None:
+            self._error(404, f"no route for {self.path}")
+            return
+        method = match.group("method")
+        with srv.lock:
+            srv.traffic.calls[method] = srv.traffic.calls.get(method, 0) + 1
+        faults = srv.faults
+        if draw < faults.p429:
+            retry = {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{faults.retry_delay_s}s"}
+            self._error(429, "Resource has been exhausted (e.g. check quota).", [retry])
+            return
+        if draw < faults.p429 + faults.p500:
+            self._error(500, "An internal error has occurred.")
+            return
+        malformed = draw < faults.p429 + faults.p500 + faults.p_malformed
+        if method == "batchEmbedContents":
+            self._embed(payload)
+        elif method == "generateContent":
+            self._generate(payload, malformed)
+        else:
+            self._error(404, f"method {method} is not served here")
+
+    def _embed(self, payload: dict) -> None:
+        requests = payload.get("requests", [])
+        if len(requests) > 100:
+            self._error(400, "at most 100 requests can be in one batch")
+            return
+        with self.server.lock:
+            self.server.traffic.embed_batch_sizes.append(len(requests))
+        embeddings = [{"values": fake_vector(_text_of(r["content"]) + "|" + r.get("title", "") + "|"
+                                             + r.get("taskType", ""), int(r.get("outputDimensionality", 3072)))}
+                      for r in requests]
+        self._send(200, json.dumps({"embeddings": embeddings}).encode())
+
+    def _generate(self, payload: dict, malformed: bool) -> None:
+        prompt = " ".join(_text_of(c) for c in payload.get("contents", []))
+        words = re.findall(r"[A-Za-z]{4,}", prompt)
+        schema = payload.get("generationConfig", {}).get("responseSchema", {})
+        answer = {}
+        for name, spec in schema.get("properties", {"text": {"type": "STRING"}}).items():
+            kind = str(spec.get("type", "STRING")).upper()
+            answer[name] = sorted(set(w.lower() for w in words))[:5] if kind == "ARRAY" else " ".join(words[:12])
+        text = json.dumps(answer)
+        if malformed:
+            text = text[: len(text) // 2]  # truncated JSON, as a cut-off answer looks
+        body = {
+            "candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "finishReason": "STOP"}],
+            "usageMetadata": {"promptTokenCount": len(prompt.split()), "candidatesTokenCount": len(text.split()),
+                              "totalTokenCount": len(prompt.split()) + len(text.split())},
+            "modelVersion": "fake-gemini",
+        }
+        self._send(200, json.dumps(body).encode())
+
+
+class GeminiServer(ThreadingHTTPServer):
+    """The server; start() runs it on a free loopback port in a daemon thread."""
+
+    daemon_threads = True
+
+    def __init__(self, faults: Faults | None = None) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.faults = faults or Faults()
+        self.traffic = Traffic()
+        self.lock = threading.Lock()
+        self.rng = random.Random(self.faults.seed)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        """Return the URL to give the client as http_options.base_url."""
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def start(self) -> GeminiServer:
+        """Serve in a background thread."""
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        self.shutdown()
+        self.server_close()
