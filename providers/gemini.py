@@ -41,10 +41,11 @@ class GeminiEmbedder:
         self._model, self._task, self._max_chars = model, task_type, max_request_chars
         self.dim = dim
         self.fingerprint = f"gemini:{model}:dim={dim}:task={task_type}"
+        self.uses_titles = task_type == "RETRIEVAL_DOCUMENT"
 
     def _request(self, texts: list[str], title: str | None) -> np.ndarray:
         config = types.EmbedContentConfig(task_type=self._task, output_dimensionality=self.dim,
-                                          title=title if self._task == "RETRIEVAL_DOCUMENT" else None)
+                                          title=(title or None) if self._task == "RETRIEVAL_DOCUMENT" else None)
         result = self._client.models.embed_content(model=self._model, contents=texts, config=config)
         vectors = np.asarray([e.values for e in result.embeddings], dtype=np.float32)
         if vectors.shape != (len(texts), self.dim):
@@ -71,3 +72,14 @@ class GeminiEmbedder:
     def truncated(self, texts: list[str]) -> list[bool]:
         """Tell which texts exceed the 2,048-token input limit (counted with cl100k as a proxy)."""
         return [count_tokens(t) > MAX_INPUT_TOKENS for t in texts]
+
+
+def gemini_fingerprint(model: str, dim: int) -> str:
+    """Return the fingerprint of Gemini document embeddings of a model and size."""
+    return f"gemini:{model}:dim={dim}:task=RETRIEVAL_DOCUMENT"
+
+
+def parse_gemini_fingerprint(fingerprint: str) -> tuple[str, int]:
+    """Return (model, dim) from a Gemini fingerprint."""
+    _, model, dim, _task = fingerprint.split(":")
+    return model, int(dim.removeprefix("dim="))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import lancedb
 
-from providers.embedders import embedder_for_fingerprint
+from providers.embedders import query_embedder
 from schemas.config import InletConfig, load_config
 from schemas.errors import EmbedderMismatchError, StoreError
 
@@ -105,7 +105,7 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
     """Return the k chunks nearest to text, embedded with the table's own embedder, filtered by where."""
     cfg = config if isinstance(config, InletConfig) else load_config(config)
     table = _open_chunks(cfg)
-    embedder = embedder_for_fingerprint(_table_embedder(table), cfg.embedding.batch_size)
+    embedder = query_embedder(_table_embedder(table), cfg.embedding)
     vector = embedder.embed([text])[0]
     query = table.search(vector, vector_column_name="vector").distance_type("cosine").limit(k)
     clause = where_clause(where)

@@ -113,11 +113,23 @@ class EnrichmentConfig(_Strict):
 class EmbeddingConfig(_Strict):
     """Which embedder turns embedding inputs into vectors."""
 
-    kind: Literal["minilm", "hashing"] = Field(
-        "minilm", description="minilm: local all-MiniLM-L6-v2; hashing: deterministic feature hashing (tests, benchmarks)."
+    kind: Literal["minilm", "hashing", "gemini"] = Field(
+        "minilm", description="minilm: local all-MiniLM-L6-v2; hashing: deterministic feature hashing (tests, "
+        "benchmarks); gemini: Gemini embeddings (needs GEMINI_API_KEY or GOOGLE_API_KEY, else MiniLM is used).",
     )
-    dim: int = Field(384, gt=0, description="Vector size for the hashing embedder (MiniLM is always 384).")
+    dim: int | None = Field(None, gt=0, description="Vector size: hashing 384 and gemini 768 by default; MiniLM is 384.")
     batch_size: int = Field(64, gt=0, description="Texts per embedder call.")
+    model: str = Field("gemini-embedding-001", description="Gemini embedding model.")
+    base_url: str | None = Field(None, description="Gemini API base URL (a proxy or a local test server).")
+    timeout_s: float = Field(60.0, gt=0, description="Time-out of one Gemini request.")
+
+    @field_validator("dim")
+    @classmethod
+    def _minilm_is_384(cls, value: int | None, info) -> int | None:  # noqa: ANN001 - pydantic's ValidationInfo
+        if info.data.get("kind", "minilm") == "minilm" and value not in (None, 384):
+            msg = "all-MiniLM-L6-v2 vectors have 384 dimensions; leave dim out"
+            raise ValueError(msg)
+        return value
 
 
 class StoreConfig(_Strict):

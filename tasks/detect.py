@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 from prefect import get_run_logger
 
-from providers.embedders import embedder_fingerprint
+from providers.embedders import embedder_spec
 from providers.enrichers import make_enricher
 from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA
 from schemas.config import InletConfig
@@ -43,7 +43,7 @@ def settings_fingerprint(cfg: InletConfig) -> str:
         "extraction": cfg.extraction.model_dump(mode="json"),
         "chunking": cfg.chunking.model_dump(mode="json"),
         "enrichment": [enricher, cfg.enrichment.delimiter],
-        "embedder": embedder_fingerprint(cfg.embedding),
+        "embedder": embedder_spec(cfg.embedding).fingerprint,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 

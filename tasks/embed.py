@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 from prefect import get_run_logger
 
-from providers.embedders import Embedder, embedder_dim, embedder_fingerprint, make_embedder
-from schemas.arrow import ENRICHED_CHUNKS_SCHEMA, embedded_chunks_schema
+from providers.embedders import Embedder, embedder_spec, make_embedder
+from schemas.arrow import ENRICHED_CHUNKS_SCHEMA, EXTRACTED_SCHEMA, embedded_chunks_schema
 from schemas.config import EmbeddingConfig, EnrichmentConfig
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.stage import stage
@@ -22,9 +22,10 @@ def embedding_inputs(enriched: pa.Table, delimiter: str) -> list[str]:
             for t, e in zip(enriched["text"].to_pylist(), enriched["enrichment"].to_pylist())]
 
 
-def embed_key(text: str, fingerprint: str) -> str:
-    """Cache key of one vector: the embedding input and the embedder's fingerprint."""
-    return hashlib.sha256(f"{fingerprint}\0{text}".encode()).hexdigest()
+def embed_key(text: str, fingerprint: str, title: str | None = None) -> str:
+    """Cache key of one vector: the embedding input (with the title, for embedders that read it) and the embedder."""
+    blob = f"{fingerprint}\0{text}" if title is None else f"{fingerprint}\0{title}\0{text}"
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _vector_column(vectors: np.ndarray, dim: int) -> pa.FixedSizeListArray:
@@ -32,18 +33,20 @@ def _vector_column(vectors: np.ndarray, dim: int) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(flat, dim)
 
 
-def embed_chunks(enriched: pa.Table, inputs: list[str], embedder: Embedder, cached: pa.Table,
-                 batch_size: int) -> pa.Table:
+def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None], embedder: Embedder,
+                 cached: pa.Table, batch_size: int) -> pa.Table:
     """Attach vectors: cached (embed_key, truncated, vector) rows reused, the rest embedded once per key."""
-    keys = [embed_key(t, embedder.fingerprint) for t in inputs]
+    keys = [embed_key(t, embedder.fingerprint, title) for t, title in zip(inputs, titles)]
+    title_of = dict(zip(keys, titles))
     known = {k: i for i, k in enumerate(cached["embed_key"].to_pylist())}
     todo = list(dict.fromkeys(k for k in keys if k not in known))
     text_of = dict(zip(keys, inputs))
     fresh_vecs = np.zeros((len(todo), embedder.dim), dtype=np.float32)
     fresh_trunc: list[bool] = []
     for start in range(0, len(todo), batch_size):
-        texts = [text_of[k] for k in todo[start : start + batch_size]]
-        fresh_vecs[start : start + len(texts)] = embedder.embed(texts)
+        batch = todo[start : start + batch_size]
+        texts = [text_of[k] for k in batch]
+        fresh_vecs[start : start + len(texts)] = embedder.embed(texts, [title_of[k] for k in batch])
         fresh_trunc.extend(embedder.truncated(texts))
     fresh = {k: i for i, k in enumerate(todo)}
     cached_vecs = cached["vector"].combine_chunks().flatten().to_numpy().reshape(-1, embedder.dim) if known else None
@@ -68,20 +71,24 @@ def embed_chunks(enriched: pa.Table, inputs: list[str], embedder: Embedder, cach
 
 
 @stage("embed")
-def embed_stage(enriched_path: str, cfg: EmbeddingConfig, enrichment: EnrichmentConfig, store_uri: str,
-                chunks_table: str, run_dir: str) -> str:
+def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, enrichment: EnrichmentConfig,
+                store_uri: str, chunks_table: str, run_dir: str) -> str:
     """Embed chunks whose vector is not already stored; write embedded_chunks."""
     enriched = read_artifact(enriched_path, ENRICHED_CHUNKS_SCHEMA)
-    dim = embedder_dim(cfg)
-    schema = embedded_chunks_schema(dim)
+    spec = embedder_spec(cfg)
+    schema = embedded_chunks_schema(spec.dim)
     if enriched.num_rows == 0:  # nothing to embed: do not load a model for it
         return write_artifact(schema.empty_table(), run_dir, "embedded_chunks", schema)
     inputs = embedding_inputs(enriched, enrichment.delimiter)
-    fingerprint = embedder_fingerprint(cfg)
+    titles: list[str | None] = [None] * len(inputs)
+    if spec.uses_titles:
+        extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
+        title_of = dict(zip(extracted["doc_id"].to_pylist(), extracted["title"].to_pylist()))
+        titles = [title_of.get(d) or "" for d in enriched["doc_id"].to_pylist()]
     table = open_table(connect(store_uri), chunks_table)
-    cached = select_where_in(table, "embed_key", [embed_key(t, fingerprint) for t in inputs],
-                             ["embed_key", "truncated", "vector"], schema)
-    embedded = embed_chunks(enriched, inputs, make_embedder(cfg), cached, cfg.batch_size)
+    keys = [embed_key(t, spec.fingerprint, title) for t, title in zip(inputs, titles)]
+    cached = select_where_in(table, "embed_key", keys, ["embed_key", "truncated", "vector"], schema)
+    embedded = embed_chunks(enriched, inputs, titles, make_embedder(cfg), cached, cfg.batch_size)
     made = sum(embedded["embedded_now"].to_pylist())
     get_run_logger().info("embedded %d of %d chunks (%d reused, %d truncated by the model)", made,
                           embedded.num_rows, embedded.num_rows - made, sum(embedded["truncated"].to_pylist()))

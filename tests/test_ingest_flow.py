@@ -41,9 +41,9 @@ def embedded_texts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     original = HashingEmbedder.embed
 
-    def spy(self: HashingEmbedder, texts: list[str]):  # noqa: ANN202 - returns what the original returns
+    def spy(self: HashingEmbedder, texts: list[str], titles: list[str | None] | None = None):  # noqa: ANN202
         seen.extend(texts)
-        return original(self, texts)
+        return original(self, texts, titles)
 
     monkeypatch.setattr(HashingEmbedder, "embed", spy)
     return seen
@@ -144,7 +144,7 @@ def test_crash_between_chunk_and_document_commit_converges(corpus, write_config,
 
 
 def test_sample_question_finds_its_document_with_citation(corpus, write_config):
-    config = write_config(corpus, embedding={"kind": "minilm"})
+    config = write_config(corpus, embedding={"kind": "minilm", "dim": None})
     ingest(config_path=str(config))
     hits = search("How do I winterize the outboard engine?", k=3, config=config)
     top = hits[0]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from providers.embedders import MINILM_FINGERPRINT, HashingEmbedder, embedder_for_fingerprint
+from providers.embedders import MINILM_FINGERPRINT, HashingEmbedder, query_embedder
+from schemas.config import EmbeddingConfig
 from query.search import where_clause
 
 
@@ -20,10 +21,11 @@ def test_raw_sql_and_none_pass_through():
 
 
 def test_embedder_is_rebuilt_from_table_fingerprint():
-    assert isinstance(embedder_for_fingerprint("hashing-v1:dim=16"), HashingEmbedder)
-    assert embedder_for_fingerprint(MINILM_FINGERPRINT).fingerprint == MINILM_FINGERPRINT
-    with pytest.raises(ValueError, match="no local embedder"):
-        embedder_for_fingerprint("gemini-embedding-001:dim=768")
+    cfg = EmbeddingConfig()
+    assert isinstance(query_embedder("hashing-v1:dim=16", cfg), HashingEmbedder)
+    assert query_embedder(MINILM_FINGERPRINT, cfg).fingerprint == MINILM_FINGERPRINT
+    with pytest.raises(ValueError, match="no embedder matches"):
+        query_embedder("other-model:dim=768", cfg)
 
 
 def test_hashing_vectors_are_normalised_and_deterministic():
