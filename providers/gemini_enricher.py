@@ -1,0 +1,112 @@
+"""Chunk enrichment with Gemini: structured JSON answers, parsed strictly, retried when malformed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from google import genai
+from google.genai import types
+from pydantic import BaseModel, ValidationError
+
+from providers.enrichers import EnrichInput
+from providers.gemini import RETRY_STATUSES
+from schemas.errors import ConfigError
+from schemas.llm import ANSWERS, render_answer
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A versioned prompt template; the version is part of every enrichment cache key."""
+
+    name: str
+    version: str
+    system: str
+    template: str
+
+    def render(self, item: EnrichInput, document: str | None = None) -> str:
+        """Fill the template for one chunk."""
+        return self.template.format(title=item.title or "", heading_path=" > ".join(item.heading_path),
+                                    text=item.text, document=document or "")
+
+
+def load_prompt(path: Path) -> Prompt:
+    """Read a prompt file (version, system, template); errors name the file and the key."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        msg = f"{path}: cannot read prompt: {exc}"
+        raise ConfigError(msg) from None
+    for key in ("version", "template"):
+        if not isinstance(data, dict) or key not in data:
+            msg = f"{path}: {key}: missing"
+            raise ConfigError(msg)
+    return Prompt(path.stem, str(data["version"]), str(data.get("system") or ""), str(data["template"]))
+
+
+@dataclass
+class Usage:
+    """Tokens and calls, summed over a run."""
+
+    calls: int = 0
+    malformed: int = 0
+    failures: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Enrichment:
+    """One chunk's enrichment, or why it failed."""
+
+    text: str | None
+    error: str | None = None
+
+
+class GeminiEnricher:
+    """Enriches chunks with one Gemini generateContent call each, answer shaped by a response schema."""
+
+    def __init__(self, *, kind: str, prompt: Prompt, api_key: str, model: str = "gemini-2.5-flash",
+                 base_url: str | None = None, timeout_ms: int = 60_000, attempts: int = 5,
+                 initial_delay_s: float = 1.0, malformed_retries: int = 2, temperature: float = 0.0) -> None:
+        if kind not in ANSWERS:
+            msg = f"enrichment kind '{kind}' is not one of {sorted(ANSWERS)}"
+            raise ConfigError(msg)
+        retry = types.HttpRetryOptions(attempts=attempts, initial_delay=initial_delay_s, max_delay=60.0,
+                                       http_status_codes=RETRY_STATUSES)
+        self._client = genai.Client(api_key=api_key, http_options=types.HttpOptions(
+            base_url=base_url, timeout=timeout_ms, retry_options=retry))
+        self._answer: type[BaseModel] = ANSWERS[kind]
+        self._prompt, self._model, self._retries = prompt, model, malformed_retries
+        self._config = types.GenerateContentConfig(
+            system_instruction=prompt.system or None, temperature=temperature,
+            response_mime_type="application/json", response_schema=self._answer)
+        self.kind = kind
+        self.usage = Usage()
+        self.fingerprint = f"gemini-{kind}:{model}:prompt={prompt.name}@v{prompt.version}:temperature={temperature}"
+
+    def _count(self, response: types.GenerateContentResponse) -> None:
+        meta = response.usage_metadata
+        self.usage.calls += 1
+        if meta is not None:
+            self.usage.prompt_tokens += meta.prompt_token_count or 0
+            self.usage.output_tokens += meta.candidates_token_count or 0
+            self.usage.cached_tokens += meta.cached_content_token_count or 0
+
+    def enrich_one(self, item: EnrichInput, document: str | None = None) -> Enrichment:
+        """Ask Gemini for one chunk's enrichment; a malformed answer is asked again, then recorded as failed."""
+        contents = self._prompt.render(item, document)
+        last = ""
+        for _ in range(self._retries + 1):
+            response = self._client.models.generate_content(model=self._model, contents=contents, config=self._config)
+            self._count(response)
+            try:
+                return Enrichment(render_answer(self._answer.model_validate_json(response.text or "")))
+            except ValidationError as exc:
+                self.usage.malformed += 1
+                last = f"malformed answer: {exc.errors()[0]['msg']}"
+        self.usage.failures += 1
+        return Enrichment(None, last)
