@@ -10,6 +10,7 @@ from pathlib import Path
 from prefect import flow
 
 from providers.embedders import embedder_spec, resolve_embedding
+from providers.enrichers import resolve_enrichment
 from schemas.config import load_config
 from tasks.chunk import chunk_stage
 from tasks.crawl import crawl_stage
@@ -50,7 +51,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     cfg = load_config(config_path)
     cfg.check_sources(config_path)
     embedding, key_notice = resolve_embedding(cfg.embedding)
-    cfg = cfg.model_copy(update={"embedding": embedding})
+    enrichment, enrich_notice = resolve_enrichment(cfg.enrichment)
+    cfg = cfg.model_copy(update={"embedding": embedding, "enrichment": enrichment})
     started = datetime.now(UTC)
     run_id = new_run_id(started)
     run_dir = str(cfg.store.artifacts / run_id)
@@ -63,14 +65,14 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     documents = clock.run("detect", detect_stage, listing, known, settings_fp, cfg, run_dir, retry_quarantined)
     elements, extracted, notices = clock.run("extract", extract_stage, documents, cfg.extraction, run_dir)
     chunks = clock.run("chunk", chunk_stage, elements, cfg.chunking, run_dir)
-    enriched = clock.run("enrich", enrich_stage, chunks, extracted, cfg.enrichment, store, table, run_dir)
+    enriched = clock.run("enrich", enrich_stage, chunks, extracted, elements, cfg.enrichment, store, table, run_dir)
     embedded = clock.run("embed", embed_stage, enriched, extracted, cfg.embedding, cfg.enrichment, store, table,
                          run_dir)
     loaded = clock.run("upsert", upsert_stage, documents, extracted, embedded, store_uri=store, chunks_table=table,
                        dim=dim, settings_fp=settings_fp, run_id=run_id, now=started)
     summary = report_stage(documents, extracted, embedded, loaded, dim=dim, store_uri=store, run_id=run_id,
                            started=started, finished=datetime.now(UTC), config_fp=cfg.fingerprint(),
-                           stage_seconds=clock.seconds, notices=[n for n in (key_notice, *notices) if n],
+                           stage_seconds=clock.seconds, notices=[n for n in (key_notice, enrich_notice, *notices) if n],
                            run_dir=run_dir)
     # The flow body alone; Prefect's own run set-up and teardown come on top of this.
     return {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}

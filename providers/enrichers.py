@@ -26,8 +26,8 @@ class Enricher(Protocol):
 
     fingerprint: str  # kind, model, prompt version, parameters: part of every enrichment cache key
 
-    def enrich(self, items: list[EnrichInput]) -> list[str]:
-        """Return one enrichment text per item."""
+    def enrich(self, items: list[EnrichInput], documents: list[str | None] | None = None) -> list[str | None]:
+        """Return one enrichment text per item; None where it failed (the chunk is indexed without one)."""
         ...
 
 
@@ -44,7 +44,7 @@ class KeywordEnricher:
     def _keywords(self, text: str) -> list[str]:
         return [kw for kw, _score in self._extractor.extract_keywords(text)][: self._max]
 
-    def enrich(self, items: list[EnrichInput]) -> list[str]:
+    def enrich(self, items: list[EnrichInput], documents: list[str | None] | None = None) -> list[str | None]:  # noqa: ARG002
         """Return 'Title / Section / Keywords' lines for each chunk."""
         out = []
         for item in items:
@@ -60,7 +60,24 @@ class KeywordEnricher:
         return out
 
 
+def resolve_enrichment(cfg: EnrichmentConfig) -> tuple[EnrichmentConfig, str | None]:
+    """Return the enrichment config to run with, and a notice when Gemini falls back for want of a key."""
+    from providers.keys import gemini_api_key
+
+    if not cfg.enabled or cfg.provider != "gemini" or gemini_api_key():
+        return cfg, None
+    notice = (f"no GEMINI_API_KEY or GOOGLE_API_KEY in the environment: enriching with local keywords "
+              f"instead of Gemini {cfg.kind}")
+    return cfg.model_copy(update={"provider": "local", "kind": "keywords"}), notice
+
+
 @functools.cache
 def make_enricher(cfg: EnrichmentConfig) -> Enricher:
-    """Build the enricher the config names."""
+    """Build the enricher the config names (once per process and config)."""
+    if cfg.provider == "gemini":
+        from providers.gemini_enricher import GeminiEnricher, load_prompt
+        from providers.keys import require_gemini_api_key
+
+        return GeminiEnricher(kind=cfg.kind, prompt=load_prompt(cfg.prompt_path()), api_key=require_gemini_api_key(),
+                              model=cfg.model, base_url=cfg.base_url, timeout_ms=int(cfg.timeout_s * 1000))
     return KeywordEnricher(max_keywords=cfg.max_keywords)

@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+import httpx
 from google import genai
+from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import BaseModel, ValidationError
 
@@ -96,12 +98,27 @@ class GeminiEnricher:
             self.usage.output_tokens += meta.candidates_token_count or 0
             self.usage.cached_tokens += meta.cached_content_token_count or 0
 
+    def enrich(self, items: list[EnrichInput], documents: list[str | None] | None = None) -> list[str | None]:
+        """Enrich each item; None where Gemini failed (its error is kept in usage.errors)."""
+        out: list[str | None] = []
+        for i, item in enumerate(items):
+            result = self.enrich_one(item, documents[i] if documents else None)
+            if result.error:
+                self.usage.errors.append(result.error)
+            out.append(result.text)
+        return out
+
     def enrich_one(self, item: EnrichInput, document: str | None = None) -> Enrichment:
         """Ask Gemini for one chunk's enrichment; a malformed answer is asked again, then recorded as failed."""
         contents = self._prompt.render(item, document)
         last = ""
         for _ in range(self._retries + 1):
-            response = self._client.models.generate_content(model=self._model, contents=contents, config=self._config)
+            try:
+                response = self._client.models.generate_content(model=self._model, contents=contents,
+                                                                config=self._config)
+            except (genai_errors.APIError, httpx.HTTPError) as exc:  # retries spent: this chunk fails, not the run
+                self.usage.failures += 1
+                return Enrichment(None, f"request failed: {type(exc).__name__} {getattr(exc, 'code', '')}".strip())
             self._count(response)
             try:
                 return Enrichment(render_answer(self._answer.model_validate_json(response.text or "")))

@@ -130,6 +130,10 @@ QUARANTINE_SCHEMA = pa.schema([
     pa.field("at", pa.timestamp("us", tz="UTC"), nullable=False),
 ])
 
+# Appended to a document's settings fingerprint while some of its chunks lack their enrichment,
+# so that the next run takes the document up again and asks only for the missing ones.
+ENRICHMENT_PENDING = "+enrichment-pending"
+
 RUN_COUNTS = (
     "docs_new", "docs_changed", "docs_unchanged", "docs_deleted", "docs_quarantined",
     "chunks_added", "chunks_removed", "chunks_reused", "chunks_written",

@@ -101,13 +101,40 @@ class ChunkingConfig(_Strict):
         return value
 
 
+PROMPTS_DIR = Path(__file__).resolve().parent.parent / "configs" / "prompts"
+
+
 class EnrichmentConfig(_Strict):
-    """Offline enrichment: keywords (YAKE) plus the document title and heading path."""
+    """Chunk enrichment: offline keywords (YAKE + title + heading path), or Gemini."""
 
     enabled: bool = Field(True, description="Add an enrichment column and feed it to the embedder.")
-    kind: Literal["keywords"] = Field("keywords", description="Offline enricher kind; Gemini kinds come later.")
-    max_keywords: int = Field(8, ge=1, le=50, description="Keywords kept per chunk.")
+    provider: Literal["local", "gemini"] = Field(
+        "local", description="local: YAKE keywords, no key needed; gemini: needs GEMINI_API_KEY or GOOGLE_API_KEY, "
+        "else the local enricher is used and the report says so.",
+    )
+    kind: Literal["keywords", "questions", "context", "custom"] = Field(
+        "keywords", description="What to add: keywords, questions the chunk answers, its context in the document, "
+        "or a custom prompt's answer (Gemini only, except keywords).",
+    )
+    prompt: Path | None = Field(None, description="Prompt file (version, system, template); default "
+                                "configs/prompts/<kind>.yaml; relative to the config file's folder.")
+    model: str = Field("gemini-2.5-flash", description="Gemini model for enrichment.")
+    base_url: str | None = Field(None, description="Gemini API base URL (a proxy or a local test server).")
+    timeout_s: float = Field(60.0, gt=0, description="Time-out of one Gemini request.")
+    max_keywords: int = Field(8, ge=1, le=50, description="Keywords kept per chunk (local enricher).")
     delimiter: str = Field("\n\n", description="Put between chunk text and enrichment in the embedding input.")
+
+    @field_validator("kind")
+    @classmethod
+    def _local_does_keywords(cls, value: str, info) -> str:  # noqa: ANN001 - pydantic's ValidationInfo
+        if info.data.get("provider", "local") == "local" and value != "keywords":
+            msg = f"the local enricher only does keywords; '{value}' needs provider: gemini"
+            raise ValueError(msg)
+        return value
+
+    def prompt_path(self) -> Path:
+        """Return the prompt file to use."""
+        return self.prompt or PROMPTS_DIR / f"{self.kind}.yaml"
 
 
 class EmbeddingConfig(_Strict):
@@ -168,7 +195,9 @@ class InletConfig(_Strict):
 
         sources = tuple(s.model_copy(update={"path": _abs(s.path)}) for s in self.sources)
         store = self.store.model_copy(update={"uri": _abs(self.store.uri), "artifacts": _abs(self.store.artifacts)})
-        return self.model_copy(update={"sources": sources, "store": store})
+        prompt = self.enrichment.prompt
+        enrichment = self.enrichment.model_copy(update={"prompt": _abs(prompt) if prompt else None})
+        return self.model_copy(update={"sources": sources, "store": store, "enrichment": enrichment})
 
     def check_sources(self, origin: str) -> None:
         """Raise a ConfigError naming origin and the key when a source folder does not exist."""

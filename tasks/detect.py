@@ -12,7 +12,7 @@ from prefect import get_run_logger
 
 from providers.embedders import embedder_spec
 from providers.enrichers import make_enricher
-from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA
+from schemas.arrow import DOCUMENTS_SCHEMA, ENRICHMENT_PENDING, LISTING_SCHEMA
 from schemas.config import InletConfig
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.stage import stage
@@ -61,6 +61,8 @@ def _classify(row: dict, known: dict | None, settings_fp: str, hasher: Hasher, r
         return "changed", "content", digest
     if known["status"] == "quarantined":
         return ("changed", "retry", digest) if retry else ("unchanged", "quarantined", digest)
+    if known["settings_fp"] == settings_fp + ENRICHMENT_PENDING:
+        return "changed", "enrichment pending", digest
     if known["settings_fp"] != settings_fp:
         return "changed", "settings", digest
     if known["meta_hash"] != row["meta_hash"]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from prefect import get_run_logger
 
 from providers.enrichers import EnrichInput, Enricher, make_enricher
-from schemas.arrow import CHUNKS_SCHEMA, ENRICHED_CHUNKS_SCHEMA, EXTRACTED_SCHEMA
+from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA, ENRICHED_CHUNKS_SCHEMA, EXTRACTED_SCHEMA
 from schemas.config import EnrichmentConfig
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.stage import stage
@@ -17,10 +18,21 @@ from tasks.store import connect, open_table, select_where_in
 BATCH = 64  # chunks per enricher call
 
 
-def enrich_key(item: EnrichInput, fingerprint: str) -> str:
-    """Cache key of one enrichment: everything the enricher sees, and the enricher itself."""
-    blob = "\0".join([fingerprint, item.title or "", "\x1f".join(item.heading_path), item.text])
-    return hashlib.sha256(blob.encode()).hexdigest()
+def enrich_key(item: EnrichInput, fingerprint: str, document: str | None = None) -> str:
+    """Cache key of one enrichment: everything the enricher sees (the document too, for context), and the enricher."""
+    parts = [fingerprint, item.title or "", "\x1f".join(item.heading_path), item.text]
+    if document is not None:
+        parts.append(hashlib.sha256(document.encode()).hexdigest())
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def document_texts(elements: pa.Table) -> dict[str, str]:
+    """Return each document's whole text from its elements, in order."""
+    parts: dict[str, list[str]] = {}
+    ordered = elements.sort_by([("doc_id", "ascending"), ("element_index", "ascending")])
+    for doc_id, text in zip(ordered["doc_id"].to_pylist(), ordered["text"].to_pylist()):
+        parts.setdefault(doc_id, []).append(text)
+    return {d: "\n\n".join(t) for d, t in parts.items()}
 
 
 def enrich_inputs(chunks: pa.Table, titles: dict[str, str | None]) -> list[EnrichInput]:
@@ -30,47 +42,68 @@ def enrich_inputs(chunks: pa.Table, titles: dict[str, str | None]) -> list[Enric
 
 
 def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher | None,
-                  cached: dict[str, str]) -> pa.Table:
+                  cached: dict[str, str], documents: list[str | None] | None = None) -> pa.Table:
     """Add enrichment columns; call the enricher only for keys not in cached (each key once)."""
     n = chunks.num_rows
     if enricher is None:
         nulls = pa.nulls(n, pa.string())
         return chunks.append_column("enrichment", nulls.cast(pa.large_string())).append_column(
             "enricher", nulls).append_column("enrich_key", nulls).append_column("enriched_now", pa.array([False] * n))
-    keys = [enrich_key(i, enricher.fingerprint) for i in items]
-    todo = {k: i for k, i in zip(keys, items) if k not in cached}
-    fresh: dict[str, str] = {}
+    docs = documents or [None] * n
+    keys = [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, docs)]
+    todo = {k: (i, d) for k, i, d in zip(keys, items, docs) if k not in cached}
+    fresh: dict[str, str | None] = {}
     pending = list(todo.items())
     for start in range(0, len(pending), BATCH):
         batch = pending[start : start + BATCH]
-        fresh.update(zip([k for k, _ in batch], enricher.enrich([i for _, i in batch])))
+        answers = enricher.enrich([i for _, (i, _) in batch], [d for _, (_, d) in batch])
+        fresh.update(zip([k for k, _ in batch], answers))
+    values = [fresh[k] if k in fresh else cached.get(k) for k in keys]
+    # A failed enrichment keeps the enricher but no key: the chunk is indexed on its text and
+    # marked, and the cache cannot serve it, so the next run asks again.
+    keys = [k if v is not None else None for k, v in zip(keys, values)]
     seen_now: set[str] = set()
     now = []
     for k in keys:  # only the first row with a fresh key counts as enriched in this run
-        now.append(k in fresh and k not in seen_now)
+        now.append(k is not None and fresh.get(k) is not None and k not in seen_now)
         seen_now.add(k)
-    values = [fresh.get(k, cached.get(k)) for k in keys]
     return (chunks.append_column("enrichment", pa.array(values, pa.large_string()))
             .append_column("enricher", pa.array([enricher.fingerprint] * n, pa.string()))
             .append_column("enrich_key", pa.array(keys, pa.string()))
             .append_column("enriched_now", pa.array(now, pa.bool_())))
 
 
+def failed_enrichments(enriched: pa.Table) -> int:
+    """Count chunks whose enrichment failed: an enricher is set but there is no cache key."""
+    return int(pc.sum(failed_mask(enriched)).as_py() or 0)
+
+
+def failed_mask(enriched: pa.Table) -> pa.ChunkedArray:
+    """Mark rows whose enrichment failed: an enricher is set but there is no cache key."""
+    return pc.and_(pc.is_valid(enriched["enricher"]), pc.is_null(enriched["enrich_key"]))
+
+
 @stage("enrich")
-def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, store_uri: str,
+def enrich_stage(chunks_path: str, extracted_path: str, elements_path: str, cfg: EnrichmentConfig, store_uri: str,
                  chunks_table: str, run_dir: str) -> str:
     """Enrich chunks whose enrichment is not already stored; write enriched_chunks."""
     chunks = read_artifact(chunks_path, CHUNKS_SCHEMA)
     enricher = make_enricher(cfg) if cfg.enabled else None
     extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
     items = enrich_inputs(chunks, dict(zip(extracted["doc_id"].to_pylist(), extracted["title"].to_pylist())))
+    documents = None
+    if enricher is not None and cfg.kind == "context" and items:  # the whole document goes into the prompt
+        text_of = document_texts(read_artifact(elements_path, ELEMENTS_SCHEMA))
+        documents = [text_of.get(d) for d in chunks["doc_id"].to_pylist()]
     cached: dict[str, str] = {}
     if enricher is not None and items:
-        keys = [enrich_key(i, enricher.fingerprint) for i in items]
+        keys = [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, documents or [None] * len(items))]
         table = open_table(connect(store_uri), chunks_table)
         found = select_where_in(table, "enrich_key", keys, ["enrich_key", "enrichment"], ENRICHED_CHUNKS_SCHEMA)
         cached = dict(zip(found["enrich_key"].to_pylist(), found["enrichment"].to_pylist()))
-    enriched = enrich_chunks(chunks, items, enricher, cached)
+    enriched = enrich_chunks(chunks, items, enricher, cached, documents)
     made = sum(enriched["enriched_now"].to_pylist())
-    get_run_logger().info("enriched %d of %d chunks (%d reused)", made, chunks.num_rows, chunks.num_rows - made)
+    failed = failed_enrichments(enriched)
+    get_run_logger().info("enriched %d of %d chunks (%d reused, %d failed and marked for the next run)", made,
+                          chunks.num_rows, chunks.num_rows - made - failed, failed)
     return write_artifact(enriched, run_dir, "enriched_chunks", ENRICHED_CHUNKS_SCHEMA)

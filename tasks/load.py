@@ -12,6 +12,7 @@ from prefect import get_run_logger
 
 from schemas.arrow import (
     DOCUMENT_ROWS_SCHEMA,
+    ENRICHMENT_PENDING,
     DOCUMENTS_SCHEMA,
     EXTRACTED_SCHEMA,
     LISTING_SCHEMA,
@@ -22,6 +23,7 @@ from schemas.arrow import (
 )
 from schemas.errors import EmbedderMismatchError
 from tasks.artifacts import read_artifact
+from tasks.enrich import failed_mask
 from tasks.stage import stage
 from tasks.store import DOCUMENTS, QUARANTINE, connect, known_documents, open_table, select_where_in, sql_list
 
@@ -61,6 +63,7 @@ def document_rows(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, 
                   settings_fp: str, run_id: str, now: datetime) -> pa.Table:
     """Build document rows for processed, quarantined and touched documents."""
     done = {r["doc_id"]: r for r in extracted.to_pylist()}
+    pending = set(embedded.filter(failed_mask(embedded))["doc_id"].to_pylist()) if embedded.num_rows else set()
     totals = pc.value_counts(embedded["doc_id"]).to_pylist() if embedded.num_rows else []
     chunk_counts = {t["values"]: t["counts"] for t in totals}
     old = {r["doc_id"]: r for r in known.to_pylist()}
@@ -75,7 +78,8 @@ def document_rows(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, 
         if ext is None:  # bytes unchanged, mtime moved: remember the new mtime so we skip hashing next time
             row |= {k: prev[k] for k in ("title", "content_hash", "settings_fp", "status", "error", "total_chunks")}
         elif ext["status"] == "ok":
-            row |= {"title": ext["title"], "content_hash": ext["content_hash"], "settings_fp": settings_fp,
+            fp = settings_fp + (ENRICHMENT_PENDING if doc["doc_id"] in pending else "")
+            row |= {"title": ext["title"], "content_hash": ext["content_hash"], "settings_fp": fp,
                     "status": "ok", "error": None, "total_chunks": chunk_counts.get(doc["doc_id"], 0)}
         else:  # quarantined: the chunks of its last good version stay searchable
             row |= {"title": prev.get("title"), "content_hash": ext["content_hash"], "settings_fp": settings_fp,

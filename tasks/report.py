@@ -12,6 +12,7 @@ from prefect.artifacts import create_table_artifact
 
 from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, RUN_COUNTS, RUNS_SCHEMA, embedded_chunks_schema
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.enrich import failed_enrichments
 from tasks.stage import stage
 from tasks.store import RUNS, connect, open_table
 
@@ -33,6 +34,7 @@ def summarize_run(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, 
         "texts_enriched": _true(embedded["enriched_now"]),
         "texts_embedded": _true(embedded["embedded_now"]),
         "texts_truncated": _true(embedded["truncated"]),
+        "texts_enrich_failed": failed_enrichments(embedded),
         "quarantined": [{"doc_id": f["doc_id"], "reason": f["reason"], "message": f["message"]} for f in failed],
     }
 

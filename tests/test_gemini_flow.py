@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import lancedb
 import pytest
 
 from flows.ingest import ingest
 from query import search
 from schemas.config import load_config
-from tests.gemini_server import GeminiServer
+from tests.gemini_server import Faults, GeminiServer
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 KEY = "AIza-test-key-must-never-leak-0123"
@@ -68,3 +69,29 @@ def test_without_a_key_the_local_model_is_used_and_the_report_says_so(gemini_con
     assert server.traffic.calls == {} and summary["texts_embedded"] > 0
     hit = search("How do I winterize the outboard engine?", k=1, config=gemini_config)[0]
     assert hit.doc_id == "sample:guides/boat-maintenance.md"
+
+
+def test_failed_enrichments_are_indexed_marked_and_retried_next_run(corpus, write_config, monkeypatch):
+    """Malformed answers leave chunks indexed on their text alone; the next run asks only for those."""
+    monkeypatch.setenv("GEMINI_API_KEY", KEY)
+    srv = GeminiServer(Faults(p429=0.05, p500=0.02, p_malformed=0.7, retry_delay_s=0, seed=5)).start()
+    try:
+        config = write_config(corpus, enrichment={"provider": "gemini", "kind": "questions",
+                                                  "base_url": srv.base_url})
+        first = ingest(config_path=str(config))
+        failed = first["texts_enrich_failed"]
+        assert failed > 0 and first["texts_enriched"] + failed == first["chunks_added"]
+        rows = lancedb.connect(str(load_config(config).store.uri)).open_table("chunks").to_arrow().to_pylist()
+        assert len(rows) == first["chunks_added"] == len({r["chunk_id"] for r in rows})
+        assert sum(r["enrichment"] is None for r in rows) == failed
+
+        srv.faults = Faults()  # the service recovers
+        calls = srv.traffic.calls.get("generateContent", 0)
+        second = ingest(config_path=str(config))
+        assert second["texts_enriched"] == failed and second["texts_enrich_failed"] == 0
+        assert srv.traffic.calls["generateContent"] - calls == failed
+        assert second["texts_embedded"] == failed, "only the newly enriched inputs are embedded again"
+        third = ingest(config_path=str(config))
+        assert (third["texts_enriched"], third["texts_embedded"], third["docs_changed"]) == (0, 0, 0)
+    finally:
+        srv.stop()
