@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,9 +13,11 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import BaseModel, ValidationError
+from pyrate_limiter import Limiter, Rate
 
 from providers.enrichers import EnrichInput
 from providers.gemini import RETRY_STATUSES
+from providers.tokenizer import count_tokens
 from schemas.errors import ConfigError
 from schemas.llm import ANSWERS, render_answer
 
@@ -73,7 +77,9 @@ class GeminiEnricher:
 
     def __init__(self, *, kind: str, prompt: Prompt, api_key: str, model: str = "gemini-2.5-flash",
                  base_url: str | None = None, timeout_ms: int = 60_000, attempts: int = 5,
-                 initial_delay_s: float = 1.0, malformed_retries: int = 2, temperature: float = 0.0) -> None:
+                 initial_delay_s: float = 1.0, malformed_retries: int = 2, temperature: float = 0.0,
+                 max_in_flight: int = 8, requests_per_minute: int | None = None,
+                 tokens_per_minute: int | None = None, window_ms: int = 60_000) -> None:
         if kind not in ANSWERS:
             msg = f"enrichment kind '{kind}' is not one of {sorted(ANSWERS)}"
             raise ConfigError(msg)
@@ -88,10 +94,19 @@ class GeminiEnricher:
             response_mime_type="application/json", response_schema=self._answer)
         self.kind = kind
         self.usage = Usage()
+        self._lock = threading.Lock()
+        self._in_flight = max_in_flight
+        # One limiter per enricher, shared by all its threads: requests and prompt tokens per window.
+        self._requests = Limiter(Rate(requests_per_minute, window_ms)) if requests_per_minute else None
+        self._tokens = Limiter(Rate(tokens_per_minute, window_ms)) if tokens_per_minute else None
         self.fingerprint = f"gemini-{kind}:{model}:prompt={prompt.name}@v{prompt.version}:temperature={temperature}"
 
     def _count(self, response: types.GenerateContentResponse) -> None:
         meta = response.usage_metadata
+        with self._lock:
+            self._add_usage(meta)
+
+    def _add_usage(self, meta: types.GenerateContentResponseUsageMetadata | None) -> None:
         self.usage.calls += 1
         if meta is not None:
             self.usage.prompt_tokens += meta.prompt_token_count or 0
@@ -100,30 +115,39 @@ class GeminiEnricher:
 
     def enrich(self, items: list[EnrichInput], documents: list[str | None] | None = None) -> list[str | None]:
         """Enrich each item; None where Gemini failed (its error is kept in usage.errors)."""
-        out: list[str | None] = []
-        for i, item in enumerate(items):
-            result = self.enrich_one(item, documents[i] if documents else None)
-            if result.error:
-                self.usage.errors.append(result.error)
-            out.append(result.text)
-        return out
+        docs = documents or [None] * len(items)
+        with ThreadPoolExecutor(max_workers=self._in_flight) as pool:  # bounds requests in flight
+            results = list(pool.map(self.enrich_one, items, docs))
+        with self._lock:
+            self.usage.errors.extend(r.error for r in results if r.error)
+        return [r.text for r in results]
+
+    def _wait_for_quota(self, prompt: str) -> None:
+        if self._requests is not None:
+            self._requests.try_acquire("requests")
+        if self._tokens is not None:
+            self._tokens.try_acquire("tokens", weight=max(1, count_tokens(prompt)))
 
     def enrich_one(self, item: EnrichInput, document: str | None = None) -> Enrichment:
         """Ask Gemini for one chunk's enrichment; a malformed answer is asked again, then recorded as failed."""
         contents = self._prompt.render(item, document)
         last = ""
         for _ in range(self._retries + 1):
+            self._wait_for_quota(contents)
             try:
                 response = self._client.models.generate_content(model=self._model, contents=contents,
                                                                 config=self._config)
             except (genai_errors.APIError, httpx.HTTPError) as exc:  # retries spent: this chunk fails, not the run
-                self.usage.failures += 1
+                with self._lock:
+                    self.usage.failures += 1
                 return Enrichment(None, f"request failed: {type(exc).__name__} {getattr(exc, 'code', '')}".strip())
             self._count(response)
             try:
                 return Enrichment(render_answer(self._answer.model_validate_json(response.text or "")))
             except ValidationError as exc:
-                self.usage.malformed += 1
+                with self._lock:
+                    self.usage.malformed += 1
                 last = f"malformed answer: {exc.errors()[0]['msg']}"
-        self.usage.failures += 1
+        with self._lock:
+            self.usage.failures += 1
         return Enrichment(None, last)

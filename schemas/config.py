@@ -121,6 +121,9 @@ class EnrichmentConfig(_Strict):
     model: str = Field("gemini-2.5-flash", description="Gemini model for enrichment.")
     base_url: str | None = Field(None, description="Gemini API base URL (a proxy or a local test server).")
     timeout_s: float = Field(60.0, gt=0, description="Time-out of one Gemini request.")
+    max_in_flight: int = Field(8, ge=1, le=256, description="Gemini requests in flight at once.")
+    requests_per_minute: int | None = Field(1000, ge=1, description="Gemini request quota (None: no limit).")
+    tokens_per_minute: int | None = Field(1_000_000, ge=1, description="Gemini prompt-token quota (None: no limit).")
     max_keywords: int = Field(8, ge=1, le=50, description="Keywords kept per chunk (local enricher).")
     delimiter: str = Field("\n\n", description="Put between chunk text and enrichment in the embedding input.")
 

@@ -40,6 +40,8 @@ class Traffic:
     embed_batch_sizes: list[int] = field(default_factory=list)
     api_keys: set[str] = field(default_factory=set)
     request_times: list[float] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
 
 
 def fake_vector(text: str, dim: int) -> list[float]:
@@ -74,6 +76,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         srv = self.server
+        with srv.lock:
+            srv.traffic.in_flight += 1
+            srv.traffic.max_in_flight = max(srv.traffic.max_in_flight, srv.traffic.in_flight)
+        try:
+            self._serve(srv)
+        finally:
+            with srv.lock:
+                srv.traffic.in_flight -= 1
+
+    def _serve(self, srv: GeminiServer) -> None:
         match = _ROUTE.match(self.path.split("?")[0])
         payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         with srv.lock:

@@ -70,3 +70,21 @@ def test_prompt_file_errors_name_the_file_and_key(tmp_path):
     bad.write_text("system: x\n")
     with pytest.raises(ConfigError, match=r"p.yaml: version: missing"):
         load_prompt(bad)
+
+
+@pytest.mark.parametrize("server", [Faults(latency_s=0.2)], indirect=True)
+def test_requests_in_flight_stay_within_the_bound(server):
+    enricher = _enricher(server, max_in_flight=4)
+    results = enricher.enrich([EnrichInput(f"Chunk {i} on harbour rules.", "T", ()) for i in range(16)])
+    assert all(results)
+    assert 2 <= server.traffic.max_in_flight <= 4, "concurrent, but never more than the bound"
+
+
+def test_request_rate_never_exceeds_the_limit(server):
+    """5 requests per 1-second window (minutes in production, shortened here) over 12 requests."""
+    enricher = _enricher(server, max_in_flight=8, requests_per_minute=5, window_ms=1000)
+    enricher.enrich([EnrichInput(f"Chunk {i} on moorings.", "T", ()) for i in range(12)])
+    times = sorted(server.traffic.request_times)
+    assert len(times) == 12 and times[-1] - times[0] >= 1.5
+    for i, start in enumerate(times):
+        assert sum(1 for t in times[i:] if t - start < 0.95) <= 5
