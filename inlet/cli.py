@@ -9,6 +9,7 @@ from typing import Annotated
 import providers  # noqa: F401 - offline switches before Prefect loads
 import typer
 
+from schemas.arrow import RUN_COUNTS
 from schemas.errors import InletError
 
 app = typer.Typer(help="Keep a LanceDB knowledge base fresh and search it.", no_args_is_help=True,
@@ -23,13 +24,10 @@ def _fail(exc: Exception) -> None:
 
 
 def _print_summary(summary: dict) -> None:
-    counts = ["docs_new", "docs_changed", "docs_unchanged", "docs_deleted", "docs_quarantined", "chunks_added",
-              "chunks_removed", "chunks_reused", "chunks_written", "texts_enriched", "texts_embedded",
-              "texts_truncated"]
     typer.echo(f"run {summary['run_id']}")
-    for key in counts:
-        typer.echo(f"  {key:<18} {summary[key]}")
-    typer.echo("  seconds per stage  " + ", ".join(f"{k} {v:.2f}" for k, v in summary["stage_seconds"].items()))
+    for key in (*RUN_COUNTS, "texts_enrich_failed"):
+        typer.echo(f"  {key:<20} {summary[key]}")
+    typer.echo("  seconds per stage    " + ", ".join(f"{k} {v:.2f}" for k, v in summary["stage_seconds"].items()))
     for row in summary["quarantined"]:
         typer.secho(f"  quarantined {row['doc_id']}: {row['reason']}: {row['message']}", fg=typer.colors.YELLOW)
     for notice in summary["notices"]:

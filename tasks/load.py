@@ -147,7 +147,8 @@ def upsert_keyed(db: lancedb.DBConnection, name: str, key: str, rows: pa.Table, 
     if delete_ids:
         # Only ids the table holds: a delete that matches nothing would still cost a commit.
         present = select_where_in(table, key, delete_ids, [key], schema)[key].to_pylist()
-        delete_ids = [i for i in present if i not in set(rows[key].to_pylist())]
+        upserted = set(rows[key].to_pylist())
+        delete_ids = [i for i in present if i not in upserted]
     if rows.num_rows == 0 and not delete_ids:
         return table.version
     if rows.num_rows == 0:
