@@ -79,7 +79,8 @@ def make_enricher(cfg: EnrichmentConfig) -> Enricher:
         from providers.keys import require_gemini_api_key
 
         return GeminiEnricher(kind=cfg.kind, prompt=load_prompt(cfg.prompt_path()), api_key=require_gemini_api_key(),
-                              model=cfg.model, base_url=cfg.base_url, timeout_ms=int(cfg.timeout_s * 1000),
+                              model=cfg.model, system=cfg.system, base_url=cfg.base_url,
+                              timeout_ms=int(cfg.timeout_s * 1000), attempts=cfg.attempts,
                               max_in_flight=cfg.max_in_flight, requests_per_minute=cfg.requests_per_minute,
                               tokens_per_minute=cfg.tokens_per_minute)
     return KeywordEnricher(max_keywords=cfg.max_keywords)

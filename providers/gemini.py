@@ -8,12 +8,12 @@ import numpy as np
 from google import genai
 from google.genai import types
 
+from providers.gemini_retry import Retrier
 from providers.tokenizer import count_tokens
 
 MAX_TEXTS_PER_REQUEST = 100  # the API's limit for one batchEmbedContents call
 MAX_INPUT_TOKENS = 2048  # longer inputs are truncated by the model
 FULL_DIM = 3072  # gemini-embedding-001 vectors are unit length only at full size
-RETRY_STATUSES = [408, 429, 500, 502, 503, 504]
 
 
 def request_batches(texts: list[str], *, max_texts: int, max_chars: int) -> Iterator[tuple[int, int]]:
@@ -34,10 +34,12 @@ class GeminiEmbedder:
     def __init__(self, *, api_key: str, model: str = "gemini-embedding-001", dim: int = 768,
                  task_type: str = "RETRIEVAL_DOCUMENT", base_url: str | None = None, timeout_ms: int = 60_000,
                  attempts: int = 5, initial_delay_s: float = 1.0, max_request_chars: int = 200_000) -> None:
-        retry = types.HttpRetryOptions(attempts=attempts, initial_delay=initial_delay_s, max_delay=60.0,
-                                       http_status_codes=RETRY_STATUSES)
-        options = types.HttpOptions(base_url=base_url, timeout=timeout_ms, retry_options=retry)
-        self._client = genai.Client(api_key=api_key, http_options=options)
+        # The client's own retries ignore the server's retry delay, so ours replace them.
+        self._client = genai.Client(api_key=api_key, http_options=types.HttpOptions(base_url=base_url,
+                                                                                    timeout=timeout_ms))
+        self.retrier = Retrier(attempts, initial_delay_s)
+        self.calls = 0
+        self.tokens = 0  # estimated with cl100k: batchEmbedContents reports no usage
         self._model, self._task, self._max_chars = model, task_type, max_request_chars
         self.dim = dim
         self.fingerprint = f"gemini:{model}:dim={dim}:task={task_type}"
@@ -46,7 +48,12 @@ class GeminiEmbedder:
     def _request(self, texts: list[str], title: str | None) -> np.ndarray:
         config = types.EmbedContentConfig(task_type=self._task, output_dimensionality=self.dim,
                                           title=(title or None) if self._task == "RETRIEVAL_DOCUMENT" else None)
-        result = self._client.models.embed_content(model=self._model, contents=texts, config=config)
+        def call() -> types.EmbedContentResponse:
+            self.calls += 1
+            return self._client.models.embed_content(model=self._model, contents=texts, config=config)
+
+        result = self.retrier(call)
+        self.tokens += sum(count_tokens(t) for t in texts)
         vectors = np.asarray([e.values for e in result.embeddings], dtype=np.float32)
         if vectors.shape != (len(texts), self.dim):
             msg = f"Gemini answered {vectors.shape} vectors for {len(texts)} texts of dimension {self.dim}"

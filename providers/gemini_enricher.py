@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-import httpx
 from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from pyrate_limiter import Limiter, Rate
 
 from providers.enrichers import EnrichInput
-from providers.gemini import RETRY_STATUSES
+from providers.gemini_retry import TRANSPORT_ERRORS, Retrier
 from providers.tokenizer import count_tokens
 from schemas.errors import ConfigError
 from schemas.llm import ANSWERS, render_answer
@@ -55,7 +55,8 @@ def load_prompt(path: Path) -> Prompt:
 class Usage:
     """Tokens and calls, summed over a run."""
 
-    calls: int = 0
+    calls: int = 0  # requests sent, retries included
+    retries: int = 0
     malformed: int = 0
     failures: int = 0
     prompt_tokens: int = 0
@@ -76,21 +77,22 @@ class GeminiEnricher:
     """Enriches chunks with one Gemini generateContent call each, answer shaped by a response schema."""
 
     def __init__(self, *, kind: str, prompt: Prompt, api_key: str, model: str = "gemini-2.5-flash",
-                 base_url: str | None = None, timeout_ms: int = 60_000, attempts: int = 5,
+                 system: str | None = None, base_url: str | None = None, timeout_ms: int = 60_000, attempts: int = 5,
                  initial_delay_s: float = 1.0, malformed_retries: int = 2, temperature: float = 0.0,
                  max_in_flight: int = 8, requests_per_minute: int | None = None,
                  tokens_per_minute: int | None = None, window_ms: int = 60_000) -> None:
         if kind not in ANSWERS:
             msg = f"enrichment kind '{kind}' is not one of {sorted(ANSWERS)}"
             raise ConfigError(msg)
-        retry = types.HttpRetryOptions(attempts=attempts, initial_delay=initial_delay_s, max_delay=60.0,
-                                       http_status_codes=RETRY_STATUSES)
-        self._client = genai.Client(api_key=api_key, http_options=types.HttpOptions(
-            base_url=base_url, timeout=timeout_ms, retry_options=retry))
+        # The client's own retries ignore the server's retry delay, so ours replace them.
+        self._client = genai.Client(api_key=api_key, http_options=types.HttpOptions(base_url=base_url,
+                                                                                    timeout=timeout_ms))
+        self._retrier = Retrier(attempts, initial_delay_s)
+        system = prompt.system if system is None else system
         self._answer: type[BaseModel] = ANSWERS[kind]
         self._prompt, self._model, self._retries = prompt, model, malformed_retries
         self._config = types.GenerateContentConfig(
-            system_instruction=prompt.system or None, temperature=temperature,
+            system_instruction=system or None, temperature=temperature,
             response_mime_type="application/json", response_schema=self._answer)
         self.kind = kind
         self.usage = Usage()
@@ -99,15 +101,16 @@ class GeminiEnricher:
         # One limiter per enricher, shared by all its threads: requests and prompt tokens per window.
         self._requests = Limiter(Rate(requests_per_minute, window_ms)) if requests_per_minute else None
         self._tokens = Limiter(Rate(tokens_per_minute, window_ms)) if tokens_per_minute else None
-        self.fingerprint = f"gemini-{kind}:{model}:prompt={prompt.name}@v{prompt.version}:temperature={temperature}"
+        # The system message is part of the prompt: an override changes the fingerprint as a new version would.
+        sys_hash = hashlib.sha256(system.encode()).hexdigest()[:8] if system != prompt.system else ""
+        self.fingerprint = (f"gemini-{kind}:{model}:prompt={prompt.name}@v{prompt.version}"
+                            f"{':system=' + sys_hash if sys_hash else ''}:temperature={temperature}")
 
     def _count(self, response: types.GenerateContentResponse) -> None:
-        meta = response.usage_metadata
         with self._lock:
-            self._add_usage(meta)
+            self._add_usage(response.usage_metadata)
 
     def _add_usage(self, meta: types.GenerateContentResponseUsageMetadata | None) -> None:
-        self.usage.calls += 1
         if meta is not None:
             self.usage.prompt_tokens += meta.prompt_token_count or 0
             self.usage.output_tokens += meta.candidates_token_count or 0
@@ -120,6 +123,7 @@ class GeminiEnricher:
             results = list(pool.map(self.enrich_one, items, docs))
         with self._lock:
             self.usage.errors.extend(r.error for r in results if r.error)
+            self.usage.retries = self._retrier.retries
         return [r.text for r in results]
 
     def _wait_for_quota(self, prompt: str) -> None:
@@ -128,16 +132,20 @@ class GeminiEnricher:
         if self._tokens is not None:
             self._tokens.try_acquire("tokens", weight=max(1, count_tokens(prompt)))
 
+    def _generate(self, contents: str) -> types.GenerateContentResponse:
+        self._wait_for_quota(contents)  # every attempt, retries included, counts against the quota
+        with self._lock:
+            self.usage.calls += 1
+        return self._client.models.generate_content(model=self._model, contents=contents, config=self._config)
+
     def enrich_one(self, item: EnrichInput, document: str | None = None) -> Enrichment:
         """Ask Gemini for one chunk's enrichment; a malformed answer is asked again, then recorded as failed."""
         contents = self._prompt.render(item, document)
         last = ""
         for _ in range(self._retries + 1):
-            self._wait_for_quota(contents)
             try:
-                response = self._client.models.generate_content(model=self._model, contents=contents,
-                                                                config=self._config)
-            except (genai_errors.APIError, httpx.HTTPError) as exc:  # retries spent: this chunk fails, not the run
+                response = self._retrier(lambda: self._generate(contents))
+            except (genai_errors.APIError, *TRANSPORT_ERRORS) as exc:  # retries spent: this chunk fails, not the run
                 with self._lock:
                     self.usage.failures += 1
                 return Enrichment(None, f"request failed: {type(exc).__name__} {getattr(exc, 'code', '')}".strip())

@@ -118,9 +118,12 @@ class EnrichmentConfig(_Strict):
     )
     prompt: Path | None = Field(None, description="Prompt file (version, system, template); default "
                                 "configs/prompts/<kind>.yaml; relative to the config file's folder.")
+    system: str | None = Field(None, description="System message; overrides the prompt file's (and so its cache key).")
     model: str = Field("gemini-2.5-flash", description="Gemini model for enrichment.")
     base_url: str | None = Field(None, description="Gemini API base URL (a proxy or a local test server).")
     timeout_s: float = Field(60.0, gt=0, description="Time-out of one Gemini request.")
+    attempts: int = Field(5, ge=1, le=20, description="Tries per Gemini request on 429, 5xx and time-outs.")
+    batch_size: int = Field(50, ge=1, le=10_000, description="Chunks handed to the enricher at a time.")
     max_in_flight: int = Field(8, ge=1, le=256, description="Gemini requests in flight at once.")
     requests_per_minute: int | None = Field(1000, ge=1, description="Gemini request quota (None: no limit).")
     tokens_per_minute: int | None = Field(1_000_000, ge=1, description="Gemini prompt-token quota (None: no limit).")
@@ -152,6 +155,7 @@ class EmbeddingConfig(_Strict):
     model: str = Field("gemini-embedding-001", description="Gemini embedding model.")
     base_url: str | None = Field(None, description="Gemini API base URL (a proxy or a local test server).")
     timeout_s: float = Field(60.0, gt=0, description="Time-out of one Gemini request.")
+    attempts: int = Field(5, ge=1, le=20, description="Tries per Gemini request on 429, 5xx and time-outs.")
 
     @field_validator("dim")
     @classmethod
@@ -160,6 +164,31 @@ class EmbeddingConfig(_Strict):
             msg = "all-MiniLM-L6-v2 vectors have 384 dimensions; leave dim out"
             raise ValueError(msg)
         return value
+
+
+class ModelPrice(_Strict):
+    """List price of one model in US dollars per million tokens."""
+
+    input: float = Field(ge=0, description="Prompt tokens not served from a cache.")
+    output: float = Field(0.0, ge=0, description="Answer tokens (thinking included).")
+    cached_input: float | None = Field(None, ge=0, description="Prompt tokens served from a cache; None: as input.")
+
+
+# Gemini API paid-tier list prices (USD per 1M tokens) when this was written; edit `pricing` to match yours.
+DEFAULT_PRICES: dict[str, ModelPrice] = {
+    "gemini-2.5-flash": ModelPrice(input=0.30, output=2.50, cached_input=0.03),
+    "gemini-2.5-flash-lite": ModelPrice(input=0.10, output=0.40, cached_input=0.01),
+    "gemini-2.5-pro": ModelPrice(input=1.25, output=10.00, cached_input=0.125),
+    "gemini-embedding-001": ModelPrice(input=0.15),
+}
+
+
+class PricingConfig(_Strict):
+    """Price table used to estimate what a run cost and what the cache saved."""
+
+    models: dict[str, ModelPrice] = Field(default_factory=lambda: dict(DEFAULT_PRICES),
+                                          description="Model name -> prices; models not listed are costed at 0.")
+    batch_discount: float = Field(0.5, gt=0, le=1, description="Share of the list price paid in Batch Mode.")
 
 
 class StoreConfig(_Strict):
@@ -178,6 +207,9 @@ class InletConfig(_Strict):
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
     enrichment: EnrichmentConfig = Field(default_factory=EnrichmentConfig)
     embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
+    pricing: PricingConfig = Field(default_factory=PricingConfig)
+    api_key_block: str | None = Field(None, description="Prefect Secret block holding the Gemini API key, read "
+                                      "when neither GEMINI_API_KEY nor GOOGLE_API_KEY is set.")
     store: StoreConfig = Field(default_factory=StoreConfig)
 
     @field_validator("sources")

@@ -1,7 +1,7 @@
 """A local HTTP server speaking the Gemini REST calls the real google-genai client makes (tests only).
 
 Answers are derived from the input, so they are the same on every run. Fault switches inject
-latency, 429s with a retry delay, 500s and malformed JSON, each by a seeded draw per request.
+latency, 429s with a retry delay, 500s, time-outs and malformed JSON, each by a seeded draw per request.
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ class Faults:
     p429: float = 0.0
     p500: float = 0.0
     p_malformed: float = 0.0
-    retry_delay_s: int = 1
+    p_timeout: float = 0.0  # the request is held for hang_s, past a short client time-out
+    hang_s: float = 2.0
+    first_429s: int = 0  # the first n requests are refused with a 429 whatever the draw
+    retry_delay_s: float = 1
     seed: int = 7
 
 
@@ -92,6 +95,8 @@ class _Handler(BaseHTTPRequestHandler):
             srv.traffic.request_times.append(time.monotonic())
             srv.traffic.api_keys.add(self.headers.get("x-goog-api-key", ""))
             draw = srv.rng.random()
+            refused = srv.served < srv.faults.first_429s
+            srv.served += 1
         if srv.faults.latency_s:
             time.sleep(srv.faults.latency_s)
         if match is None:
@@ -101,7 +106,7 @@ class _Handler(BaseHTTPRequestHandler):
         with srv.lock:
             srv.traffic.calls[method] = srv.traffic.calls.get(method, 0) + 1
         faults = srv.faults
-        if draw < faults.p429:
+        if refused or draw < faults.p429:
             retry = {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{faults.retry_delay_s}s"}
             self._error(429, "Resource has been exhausted (e.g. check quota).", [retry])
             return
@@ -109,6 +114,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(500, "An internal error has occurred.")
             return
         malformed = draw < faults.p429 + faults.p500 + faults.p_malformed
+        if not malformed and draw < faults.p429 + faults.p500 + faults.p_malformed + faults.p_timeout:
+            time.sleep(faults.hang_s)  # the client has given up by now; its retry is a new request
         if method == "batchEmbedContents":
             self._embed(payload)
         elif method == "generateContent":
@@ -159,6 +166,7 @@ class GeminiServer(ThreadingHTTPServer):
         self.traffic = Traffic()
         self.lock = threading.Lock()
         self.rng = random.Random(self.faults.seed)
+        self.served = 0
         self._thread: threading.Thread | None = None
 
     @property
