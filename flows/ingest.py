@@ -11,6 +11,7 @@ from prefect import flow
 
 from providers.embedders import embedder_spec, resolve_embedding
 from providers.enrichers import resolve_enrichment
+from providers.keys import use_secret_block
 from schemas.config import load_config
 from tasks.chunk import chunk_stage
 from tasks.crawl import crawl_stage
@@ -19,6 +20,7 @@ from tasks.embed import embed_stage
 from tasks.enrich import enrich_stage
 from tasks.extract import extract_stage
 from tasks.load import upsert_stage
+from tasks.refresh import refresh_stage
 from tasks.report import report_stage
 from tasks.store import connect, known_documents
 
@@ -50,6 +52,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     begin = time.perf_counter()
     cfg = load_config(config_path)
     cfg.check_sources(config_path)
+    use_secret_block(cfg.api_key_block)
     embedding, key_notice = resolve_embedding(cfg.embedding)
     enrichment, enrich_notice = resolve_enrichment(cfg.enrichment)
     cfg = cfg.model_copy(update={"embedding": embedding, "enrichment": enrichment})
@@ -65,12 +68,16 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     documents = clock.run("detect", detect_stage, listing, known, settings_fp, cfg, run_dir, retry_quarantined)
     elements, extracted, notices = clock.run("extract", extract_stage, documents, cfg.extraction, run_dir)
     chunks = clock.run("chunk", chunk_stage, elements, cfg.chunking, run_dir)
-    enriched = clock.run("enrich", enrich_stage, chunks, extracted, elements, cfg.enrichment, store, table, run_dir)
-    embedded = clock.run("embed", embed_stage, enriched, extracted, cfg.embedding, cfg.enrichment, store, table,
+    # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.
+    chunks, extracted = clock.run("refresh", refresh_stage, documents, chunks, extracted, store, table, run_dir)
+    enriched = clock.run("enrich", enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store, table,
                          run_dir)
-    loaded = clock.run("upsert", upsert_stage, documents, extracted, embedded, store_uri=store, chunks_table=table,
-                       dim=dim, settings_fp=settings_fp, run_id=run_id, now=started)
-    summary = report_stage(documents, extracted, embedded, loaded, dim=dim, store_uri=store, run_id=run_id,
+    embedded = clock.run("embed", embed_stage, enriched["path"], extracted, cfg.embedding, cfg.enrichment,
+                         cfg.pricing, store, table, run_dir)
+    loaded = clock.run("upsert", upsert_stage, documents, extracted, embedded["path"], store_uri=store,
+                       chunks_table=table, dim=dim, settings_fp=settings_fp, run_id=run_id, now=started)
+    summary = report_stage(documents, extracted, embedded["path"], loaded, usage=enriched["usage"] | embedded["usage"],
+                           dim=dim, store_uri=store, run_id=run_id,
                            started=started, finished=datetime.now(UTC), config_fp=cfg.fingerprint(),
                            stage_seconds=clock.seconds, notices=[n for n in (key_notice, enrich_notice, *notices) if n],
                            run_dir=run_dir)

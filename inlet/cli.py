@@ -25,8 +25,15 @@ def _fail(exc: Exception) -> None:
 
 def _print_summary(summary: dict) -> None:
     typer.echo(f"run {summary['run_id']}")
-    for key in (*RUN_COUNTS, "texts_enrich_failed"):
+    for key in RUN_COUNTS:
         typer.echo(f"  {key:<20} {summary[key]}")
+    if summary["llm_calls"] or summary["embed_calls"]:
+        typer.echo(f"  model calls          {summary['llm_calls']} enrich ({summary['llm_retries']} retries, "
+                   f"{summary['llm_failures']} failed), {summary['embed_calls']} embed")
+        typer.echo(f"  tokens               {summary['llm_prompt_tokens']} prompt ({summary['llm_cached_tokens']} "
+                   f"cached), {summary['llm_output_tokens']} output, {summary['embed_tokens']} embedded (est.)")
+        typer.echo(f"  cost (est.)          ${summary['cost_usd']:.4f}; "
+                   f"cache spared ${summary['cost_saved_usd']:.4f}")
     typer.echo("  seconds per stage    " + ", ".join(f"{k} {v:.2f}" for k, v in summary["stage_seconds"].items()))
     for row in summary["quarantined"]:
         typer.secho(f"  quarantined {row['doc_id']}: {row['reason']}: {row['message']}", fg=typer.colors.YELLOW)

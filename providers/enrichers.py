@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import yake
@@ -18,6 +18,20 @@ class EnrichInput:
     text: str
     title: str | None
     heading_path: tuple[str, ...]
+
+
+@dataclass
+class Usage:
+    """Model calls and tokens of an enricher, summed over its life (a run takes differences)."""
+
+    calls: int = 0  # requests sent, retries included
+    retries: int = 0
+    malformed: int = 0
+    failures: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    errors: list[str] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -71,16 +85,27 @@ def resolve_enrichment(cfg: EnrichmentConfig) -> tuple[EnrichmentConfig, str | N
     return cfg.model_copy(update={"provider": "local", "kind": "keywords"}), notice
 
 
-@functools.cache
 def make_enricher(cfg: EnrichmentConfig) -> Enricher:
-    """Build the enricher the config names (once per process and config)."""
+    """Build the enricher the config names; reused while the config and its prompt file are unchanged."""
     if cfg.provider == "gemini":
-        from providers.gemini_enricher import GeminiEnricher, load_prompt
-        from providers.keys import require_gemini_api_key
+        from providers.gemini_enricher import load_prompt
 
-        return GeminiEnricher(kind=cfg.kind, prompt=load_prompt(cfg.prompt_path()), api_key=require_gemini_api_key(),
-                              model=cfg.model, system=cfg.system, base_url=cfg.base_url,
-                              timeout_ms=int(cfg.timeout_s * 1000), attempts=cfg.attempts,
-                              max_in_flight=cfg.max_in_flight, requests_per_minute=cfg.requests_per_minute,
-                              tokens_per_minute=cfg.tokens_per_minute)
-    return KeywordEnricher(max_keywords=cfg.max_keywords)
+        # The prompt file is read every time: editing it (a version bump) must reach the next run.
+        return _gemini_enricher(cfg, load_prompt(cfg.prompt_path()))
+    return _keyword_enricher(cfg.max_keywords)
+
+
+@functools.cache
+def _keyword_enricher(max_keywords: int) -> Enricher:
+    return KeywordEnricher(max_keywords=max_keywords)
+
+
+@functools.cache
+def _gemini_enricher(cfg: EnrichmentConfig, prompt: object) -> Enricher:
+    from providers.gemini_enricher import GeminiEnricher
+    from providers.keys import require_gemini_api_key
+
+    return GeminiEnricher(kind=cfg.kind, prompt=prompt, api_key=require_gemini_api_key(), model=cfg.model,
+                          system=cfg.system, base_url=cfg.base_url, timeout_ms=int(cfg.timeout_s * 1000),
+                          attempts=cfg.attempts, max_in_flight=cfg.max_in_flight,
+                          requests_per_minute=cfg.requests_per_minute, tokens_per_minute=cfg.tokens_per_minute)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -15,7 +15,7 @@ from google.genai import types
 from pydantic import BaseModel, ValidationError
 from pyrate_limiter import Limiter, Rate
 
-from providers.enrichers import EnrichInput
+from providers.enrichers import EnrichInput, Usage
 from providers.gemini_retry import TRANSPORT_ERRORS, Retrier
 from providers.tokenizer import count_tokens
 from schemas.errors import ConfigError
@@ -49,20 +49,6 @@ def load_prompt(path: Path) -> Prompt:
             msg = f"{path}: {key}: missing"
             raise ConfigError(msg)
     return Prompt(path.stem, str(data["version"]), str(data.get("system") or ""), str(data["template"]))
-
-
-@dataclass
-class Usage:
-    """Tokens and calls, summed over a run."""
-
-    calls: int = 0  # requests sent, retries included
-    retries: int = 0
-    malformed: int = 0
-    failures: int = 0
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    errors: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -131,6 +117,10 @@ class GeminiEnricher:
             self._requests.try_acquire("requests")
         if self._tokens is not None:
             self._tokens.try_acquire("tokens", weight=max(1, count_tokens(prompt)))
+
+    def prompt_tokens(self, item: EnrichInput, document: str | None = None) -> int:
+        """Estimate the prompt tokens of one chunk's request (cl100k as a proxy for Gemini's tokenizer)."""
+        return count_tokens(self._config.system_instruction or "") + count_tokens(self._prompt.render(item, document))
 
     def _generate(self, contents: str) -> types.GenerateContentResponse:
         self._wait_for_quota(contents)  # every attempt, retries included, counts against the quota

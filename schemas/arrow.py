@@ -109,7 +109,7 @@ DOCUMENT_ROWS_SCHEMA = pa.schema([
     *LISTING_SCHEMA,
     pa.field("title", pa.string()),
     pa.field("content_hash", pa.string()),
-    pa.field("settings_fp", pa.string()),  # chunking/enrichment/embedding fingerprint it was processed with
+    pa.field("settings_fp", pa.string()),  # "<chunking+embedder>/<enricher>[+enrichment-pending]" it was processed with
     pa.field("status", pa.string(), nullable=False),  # ok | quarantined
     pa.field("error", pa.string()),
     pa.field("total_chunks", pa.int32(), nullable=False),
@@ -133,12 +133,23 @@ QUARANTINE_SCHEMA = pa.schema([
 # Appended to a document's settings fingerprint while some of its chunks lack their enrichment,
 # so that the next run takes the document up again and asks only for the missing ones.
 ENRICHMENT_PENDING = "+enrichment-pending"
+# The detect reason of an unchanged document whose stored chunks are re-enriched without re-chunking.
+REFRESH_ENRICHMENT = "enrichment"
 
 RUN_COUNTS = (
-    "docs_new", "docs_changed", "docs_unchanged", "docs_deleted", "docs_quarantined",
+    "docs_new", "docs_changed", "docs_unchanged", "docs_deleted", "docs_quarantined", "docs_refreshed",
     "chunks_added", "chunks_removed", "chunks_reused", "chunks_written",
-    "texts_enriched", "texts_embedded", "texts_truncated",
+    "texts_enriched", "texts_enrich_failed", "texts_embedded", "texts_truncated",
 )
+# Model usage of a run; *_usd are estimates from the config's price table, the rest are counts.
+ENRICH_USAGE = ("llm_calls", "llm_retries", "llm_malformed", "llm_failures", "llm_prompt_tokens",
+                "llm_output_tokens", "llm_cached_tokens", "llm_cost_usd", "llm_saved_usd")
+EMBED_USAGE = ("embed_calls", "embed_retries", "embed_tokens", "embed_cost_usd", "embed_saved_usd")
+RUN_USAGE = (*ENRICH_USAGE, *EMBED_USAGE, "cost_usd", "cost_saved_usd")
+
+
+def _usage_type(name: str) -> pa.DataType:
+    return pa.float64() if name.endswith("_usd") else pa.int64()
 
 RUNS_SCHEMA = pa.schema([
     pa.field("run_id", pa.string(), nullable=False),
@@ -147,6 +158,7 @@ RUNS_SCHEMA = pa.schema([
     pa.field("status", pa.string(), nullable=False),
     pa.field("config_fp", pa.string(), nullable=False),
     *[pa.field(name, pa.int64(), nullable=False) for name in RUN_COUNTS],
+    *[pa.field(name, _usage_type(name), nullable=False) for name in RUN_USAGE],
     pa.field("stage_seconds", pa.string(), nullable=False),  # JSON {stage: seconds}
     pa.field("versions", pa.string(), nullable=False),  # JSON {table: version}
     pa.field("notices", _TAGS),

@@ -12,7 +12,7 @@ from prefect import get_run_logger
 
 from providers.embedders import embedder_spec
 from providers.enrichers import make_enricher
-from schemas.arrow import DOCUMENTS_SCHEMA, ENRICHMENT_PENDING, LISTING_SCHEMA
+from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA, REFRESH_ENRICHMENT
 from schemas.config import InletConfig
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.stage import stage
@@ -35,17 +35,25 @@ def hash_file(path: str) -> str | None:
     return digest.hexdigest()
 
 
+def _short_hash(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def settings_fingerprint(cfg: InletConfig) -> str:
-    """Hash everything besides the bytes that decides a document's chunks, enrichments and vectors."""
+    """Return '<chunk settings>/<enricher>': what decides a document's chunks and vectors, then its enrichments.
+
+    The two halves are compared apart: a change in the first reprocesses the document from its bytes,
+    a change in the second only re-enriches (and re-embeds) its stored chunks, without re-chunking.
+    """
     enricher = make_enricher(cfg.enrichment).fingerprint if cfg.enrichment.enabled else None
-    parts = {
+    chunking = {
         "pipeline": PIPELINE_VERSION,
         "extraction": cfg.extraction.model_dump(mode="json"),
         "chunking": cfg.chunking.model_dump(mode="json"),
-        "enrichment": [enricher, cfg.enrichment.delimiter],
+        "delimiter": cfg.enrichment.delimiter,
         "embedder": embedder_spec(cfg.embedding).fingerprint,
     }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{_short_hash(chunking)}/{_short_hash(enricher)}"
 
 
 def _classify(row: dict, known: dict | None, settings_fp: str, hasher: Hasher, retry: bool) -> tuple[str, str | None, str | None]:
@@ -61,12 +69,14 @@ def _classify(row: dict, known: dict | None, settings_fp: str, hasher: Hasher, r
         return "changed", "content", digest
     if known["status"] == "quarantined":
         return ("changed", "retry", digest) if retry else ("unchanged", "quarantined", digest)
-    if known["settings_fp"] == settings_fp + ENRICHMENT_PENDING:
-        return "changed", "enrichment pending", digest
-    if known["settings_fp"] != settings_fp:
+    chunking, _, enricher = settings_fp.partition("/")
+    known_chunking, _, known_enricher = (known["settings_fp"] or "").partition("/")
+    if known_chunking != chunking:
         return "changed", "settings", digest
     if known["meta_hash"] != row["meta_hash"]:
         return "changed", "metadata", digest
+    if known_enricher != enricher:  # another enricher, or some enrichments failed: its chunks are re-enriched
+        return "unchanged", REFRESH_ENRICHMENT, digest
     return "unchanged", None if same_stat else "touched", digest
 
 

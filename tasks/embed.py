@@ -9,8 +9,10 @@ import pyarrow as pa
 from prefect import get_run_logger
 
 from providers.embedders import Embedder, embedder_spec, make_embedder
-from schemas.arrow import ENRICHED_CHUNKS_SCHEMA, EXTRACTED_SCHEMA, embedded_chunks_schema
-from schemas.config import EmbeddingConfig, EnrichmentConfig
+from providers.pricing import model_cost
+from providers.tokenizer import count_tokens
+from schemas.arrow import EMBED_USAGE, ENRICHED_CHUNKS_SCHEMA, EXTRACTED_SCHEMA, embedded_chunks_schema
+from schemas.config import EmbeddingConfig, EnrichmentConfig, PricingConfig
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.stage import stage
 from tasks.store import connect, open_table, select_where_in
@@ -70,15 +72,29 @@ def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None]
             .append_column("vector", _vector_column(vectors, embedder.dim)))
 
 
+def embedding_usage(embedder: Embedder, embedded: pa.Table, inputs: list[str], cfg: EmbeddingConfig,
+                    pricing: PricingConfig) -> dict:
+    """Return the run's embedding calls, retries and tokens, with estimated dollars spent and spared by the cache."""
+    calls = getattr(embedder, "calls", None)
+    if calls is None:  # a local embedder: no calls to count, nothing to pay
+        return {k: 0 for k in EMBED_USAGE}
+    reused = [t for t, now in zip(inputs, embedded["embedded_now"].to_pylist()) if not now]
+    saved_tokens = sum(count_tokens(t) for t in reused)
+    return {"embed_calls": calls, "embed_retries": embedder.retrier.retries, "embed_tokens": embedder.tokens,
+            "embed_cost_usd": model_cost(pricing, cfg.model, prompt=embedder.tokens),
+            "embed_saved_usd": model_cost(pricing, cfg.model, prompt=saved_tokens)}
+
+
 @stage("embed")
 def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, enrichment: EnrichmentConfig,
-                store_uri: str, chunks_table: str, run_dir: str) -> str:
-    """Embed chunks whose vector is not already stored; write embedded_chunks."""
+                pricing: PricingConfig, store_uri: str, chunks_table: str, run_dir: str) -> dict:
+    """Embed chunks whose vector is not already stored; write embedded_chunks; return its path and usage."""
     enriched = read_artifact(enriched_path, ENRICHED_CHUNKS_SCHEMA)
     spec = embedder_spec(cfg)
     schema = embedded_chunks_schema(spec.dim)
     if enriched.num_rows == 0:  # nothing to embed: do not load a model for it
-        return write_artifact(schema.empty_table(), run_dir, "embedded_chunks", schema)
+        return {"path": write_artifact(schema.empty_table(), run_dir, "embedded_chunks", schema),
+                "usage": {k: 0 for k in EMBED_USAGE}}
     inputs = embedding_inputs(enriched, enrichment.delimiter)
     titles: list[str | None] = [None] * len(inputs)
     if spec.uses_titles:
@@ -88,8 +104,10 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
     table = open_table(connect(store_uri), chunks_table)
     keys = [embed_key(t, spec.fingerprint, title) for t, title in zip(inputs, titles)]
     cached = select_where_in(table, "embed_key", keys, ["embed_key", "truncated", "vector"], schema)
-    embedded = embed_chunks(enriched, inputs, titles, make_embedder(cfg), cached, cfg.batch_size)
+    embedder = make_embedder(cfg)
+    embedded = embed_chunks(enriched, inputs, titles, embedder, cached, cfg.batch_size)
     made = sum(embedded["embedded_now"].to_pylist())
     get_run_logger().info("embedded %d of %d chunks (%d reused, %d truncated by the model)", made,
                           embedded.num_rows, embedded.num_rows - made, sum(embedded["truncated"].to_pylist()))
-    return write_artifact(embedded, run_dir, "embedded_chunks", schema)
+    return {"path": write_artifact(embedded, run_dir, "embedded_chunks", schema),
+            "usage": embedding_usage(embedder, embedded, inputs, cfg, pricing)}

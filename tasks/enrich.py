@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import fields, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
 
-from providers.enrichers import EnrichInput, Enricher, make_enricher
-from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA, ENRICHED_CHUNKS_SCHEMA, EXTRACTED_SCHEMA
-from schemas.config import EnrichmentConfig
+from providers.enrichers import EnrichInput, Enricher, Usage, make_enricher
+from providers.pricing import model_cost
+from providers.tokenizer import count_tokens
+from schemas.arrow import CHUNKS_SCHEMA, ENRICH_USAGE, ENRICHED_CHUNKS_SCHEMA, EXTRACTED_SCHEMA
+from schemas.config import EnrichmentConfig, PricingConfig
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.stage import stage
 from tasks.store import connect, open_table, select_where_in
-
-BATCH = 64  # chunks per enricher call
-
 
 def enrich_key(item: EnrichInput, fingerprint: str, document: str | None = None) -> str:
     """Cache key of one enrichment: everything the enricher sees (the document too, for context), and the enricher."""
@@ -26,10 +26,14 @@ def enrich_key(item: EnrichInput, fingerprint: str, document: str | None = None)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def document_texts(elements: pa.Table) -> dict[str, str]:
-    """Return each document's whole text from its elements, in order."""
+def document_texts(chunks: pa.Table) -> dict[str, str]:
+    """Return each document's whole text as its chunks in order.
+
+    Built from chunks, not elements, so that a document re-enriched from the store without being
+    re-extracted gets the same text, and so the same cache keys, as when it was chunked.
+    """
     parts: dict[str, list[str]] = {}
-    ordered = elements.sort_by([("doc_id", "ascending"), ("element_index", "ascending")])
+    ordered = chunks.sort_by([("doc_id", "ascending"), ("chunk_index", "ascending")])
     for doc_id, text in zip(ordered["doc_id"].to_pylist(), ordered["text"].to_pylist()):
         parts.setdefault(doc_id, []).append(text)
     return {d: "\n\n".join(t) for d, t in parts.items()}
@@ -42,7 +46,7 @@ def enrich_inputs(chunks: pa.Table, titles: dict[str, str | None]) -> list[Enric
 
 
 def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher | None,
-                  cached: dict[str, str], documents: list[str | None] | None = None) -> pa.Table:
+                  cached: dict[str, str], documents: list[str | None] | None = None, batch_size: int = 50) -> pa.Table:
     """Add enrichment columns; call the enricher only for keys not in cached (each key once)."""
     n = chunks.num_rows
     if enricher is None:
@@ -54,8 +58,8 @@ def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher
     todo = {k: (i, d) for k, i, d in zip(keys, items, docs) if k not in cached}
     fresh: dict[str, str | None] = {}
     pending = list(todo.items())
-    for start in range(0, len(pending), BATCH):
-        batch = pending[start : start + BATCH]
+    for start in range(0, len(pending), batch_size):
+        batch = pending[start : start + batch_size]
         answers = enricher.enrich([i for _, (i, _) in batch], [d for _, (_, d) in batch])
         fresh.update(zip([k for k, _ in batch], answers))
     values = [fresh[k] if k in fresh else cached.get(k) for k in keys]
@@ -83,27 +87,62 @@ def failed_mask(enriched: pa.Table) -> pa.ChunkedArray:
     return pc.and_(pc.is_valid(enriched["enricher"]), pc.is_null(enriched["enrich_key"]))
 
 
+def _saved_tokens(enricher: Enricher, enriched: pa.Table, items: list[EnrichInput],
+                  documents: list[str | None]) -> tuple[int, int]:
+    """Estimate the (prompt, output) tokens of the calls the cache spared: rows served an enrichment already stored."""
+    estimate = getattr(enricher, "prompt_tokens", None)
+    if estimate is None:  # a local enricher costs nothing
+        return 0, 0
+    prompt = output = 0
+    for row, item, doc in zip(enriched.select(["enrichment", "enrich_key", "enriched_now"]).to_pylist(), items,
+                              documents):
+        if row["enrich_key"] is not None and not row["enriched_now"]:
+            prompt += estimate(item, doc)
+            output += count_tokens(row["enrichment"] or "")
+    return prompt, output
+
+
+def enrichment_usage(enricher: Enricher | None, before: Usage, enriched: pa.Table, items: list[EnrichInput],
+                     documents: list[str | None], cfg: EnrichmentConfig, pricing: PricingConfig) -> dict:
+    """Return the run's model usage for enrichment: calls, retries, failures, tokens and estimated dollars."""
+    usage = getattr(enricher, "usage", None)
+    if usage is None:
+        return {k: 0 for k in ENRICH_USAGE}
+    delta = {f.name: getattr(usage, f.name) - getattr(before, f.name) for f in fields(Usage) if f.name != "errors"}
+    saved_prompt, saved_output = _saved_tokens(enricher, enriched, items, documents)
+    return {
+        "llm_calls": delta["calls"], "llm_retries": delta["retries"], "llm_malformed": delta["malformed"],
+        "llm_failures": delta["failures"], "llm_prompt_tokens": delta["prompt_tokens"],
+        "llm_output_tokens": delta["output_tokens"], "llm_cached_tokens": delta["cached_tokens"],
+        "llm_cost_usd": model_cost(pricing, cfg.model, prompt=delta["prompt_tokens"], output=delta["output_tokens"],
+                                   cached=delta["cached_tokens"]),
+        "llm_saved_usd": model_cost(pricing, cfg.model, prompt=saved_prompt, output=saved_output),
+    }
+
+
 @stage("enrich")
-def enrich_stage(chunks_path: str, extracted_path: str, elements_path: str, cfg: EnrichmentConfig, store_uri: str,
-                 chunks_table: str, run_dir: str) -> str:
-    """Enrich chunks whose enrichment is not already stored; write enriched_chunks."""
+def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, pricing: PricingConfig,
+                 store_uri: str, chunks_table: str, run_dir: str) -> dict:
+    """Enrich chunks whose enrichment is not already stored; write enriched_chunks; return its path and usage."""
     chunks = read_artifact(chunks_path, CHUNKS_SCHEMA)
     enricher = make_enricher(cfg) if cfg.enabled else None
     extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
     items = enrich_inputs(chunks, dict(zip(extracted["doc_id"].to_pylist(), extracted["title"].to_pylist())))
-    documents = None
+    documents: list[str | None] = [None] * len(items)
     if enricher is not None and cfg.kind == "context" and items:  # the whole document goes into the prompt
-        text_of = document_texts(read_artifact(elements_path, ELEMENTS_SCHEMA))
+        text_of = document_texts(chunks)
         documents = [text_of.get(d) for d in chunks["doc_id"].to_pylist()]
     cached: dict[str, str] = {}
     if enricher is not None and items:
-        keys = [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, documents or [None] * len(items))]
+        keys = [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, documents)]
         table = open_table(connect(store_uri), chunks_table)
         found = select_where_in(table, "enrich_key", keys, ["enrich_key", "enrichment"], ENRICHED_CHUNKS_SCHEMA)
         cached = dict(zip(found["enrich_key"].to_pylist(), found["enrichment"].to_pylist()))
-    enriched = enrich_chunks(chunks, items, enricher, cached, documents)
+    before = replace(getattr(enricher, "usage", Usage()))
+    enriched = enrich_chunks(chunks, items, enricher, cached, documents, cfg.batch_size)
+    usage = enrichment_usage(enricher, before, enriched, items, documents, cfg, pricing)
     made = sum(enriched["enriched_now"].to_pylist())
     failed = failed_enrichments(enriched)
     get_run_logger().info("enriched %d of %d chunks (%d reused, %d failed and marked for the next run)", made,
                           chunks.num_rows, chunks.num_rows - made - failed, failed)
-    return write_artifact(enriched, run_dir, "enriched_chunks", ENRICHED_CHUNKS_SCHEMA)
+    return {"path": write_artifact(enriched, run_dir, "enriched_chunks", ENRICHED_CHUNKS_SCHEMA), "usage": usage}

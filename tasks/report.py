@@ -5,14 +5,23 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+import lancedb
 import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, RUN_COUNTS, RUNS_SCHEMA, embedded_chunks_schema
+from schemas.arrow import (
+    DOCUMENTS_SCHEMA,
+    EXTRACTED_SCHEMA,
+    RUN_COUNTS,
+    RUN_USAGE,
+    RUNS_SCHEMA,
+    embedded_chunks_schema,
+)
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.enrich import failed_enrichments
+from tasks.refresh import refresh_ids
 from tasks.stage import stage
 from tasks.store import RUNS, connect, open_table
 
@@ -21,8 +30,17 @@ def _true(column: pa.ChunkedArray) -> int:
     return int(pc.sum(column).as_py() or 0)
 
 
-def summarize_run(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, load: dict) -> dict:
-    """Count what the run did, stage by stage."""
+def total_usage(usage: dict) -> dict:
+    """Return every usage field of a run, with the run's total cost and the cost the caches spared."""
+    out = {k: usage.get(k, 0) for k in RUN_USAGE}
+    out["cost_usd"] = round(out["llm_cost_usd"] + out["embed_cost_usd"], 6)
+    out["cost_saved_usd"] = round(out["llm_saved_usd"] + out["embed_saved_usd"], 6)
+    return out
+
+
+def summarize_run(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, load: dict,
+                  usage: dict | None = None) -> dict:
+    """Count what the run did, stage by stage, and what its model calls cost."""
     changes = {c: 0 for c in ("new", "changed", "unchanged", "deleted")}
     for change in documents["change"].to_pylist():
         changes[change] += 1
@@ -30,11 +48,13 @@ def summarize_run(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, 
     return {
         **{f"docs_{k}": v for k, v in changes.items()},
         "docs_quarantined": len(failed),
+        "docs_refreshed": len(refresh_ids(documents)),
         **{k: load[k] for k in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written")},
         "texts_enriched": _true(embedded["enriched_now"]),
         "texts_embedded": _true(embedded["embedded_now"]),
         "texts_truncated": _true(embedded["truncated"]),
         "texts_enrich_failed": failed_enrichments(embedded),
+        **total_usage(usage or {}),
         "quarantined": [{"doc_id": f["doc_id"], "reason": f["reason"], "message": f["message"]} for f in failed],
     }
 
@@ -43,31 +63,37 @@ def runs_row(summary: dict, *, run_id: str, started: datetime, finished: datetim
              stage_seconds: dict[str, float], versions: dict[str, int], notices: list[str]) -> pa.Table:
     """Build the one-row runs table for this run."""
     row = {"run_id": run_id, "started_at": started, "finished_at": finished, "status": status,
-           "config_fp": config_fp, **{k: summary[k] for k in RUN_COUNTS},
+           "config_fp": config_fp, **{k: summary[k] for k in (*RUN_COUNTS, *RUN_USAGE)},
            "stage_seconds": json.dumps(stage_seconds), "versions": json.dumps(versions), "notices": notices}
     return pa.Table.from_pylist([row], schema=RUNS_SCHEMA)
 
 
+def open_runs_table(db: lancedb.DBConnection, row: pa.Table) -> lancedb.table.Table:
+    """Open the runs table, creating it from row, or adding columns that a newer Inlet records (null for old runs)."""
+    table = open_table(db, RUNS)
+    if table is None:
+        return db.create_table(RUNS, schema=RUNS_SCHEMA)
+    missing = [pa.field(f.name, f.type, nullable=True) for f in RUNS_SCHEMA if f.name not in table.schema.names]
+    if missing:
+        table.add_columns(missing)
+    return table
+
+
 @stage("report")
-def report_stage(documents_path: str, extracted_path: str, embedded_path: str, load: dict, *, dim: int,
+def report_stage(documents_path: str, extracted_path: str, embedded_path: str, load: dict, *, usage: dict, dim: int,
                  store_uri: str, run_id: str, started: datetime, finished: datetime, config_fp: str,
                  stage_seconds: dict[str, float], notices: list[str], run_dir: str) -> dict:
     """Append the run to the runs table, write it as the run artifact and return the run summary."""
     summary = summarize_run(read_artifact(documents_path, DOCUMENTS_SCHEMA),
                             read_artifact(extracted_path, EXTRACTED_SCHEMA),
-                            read_artifact(embedded_path, embedded_chunks_schema(dim)), load)
+                            read_artifact(embedded_path, embedded_chunks_schema(dim)), load, usage)
     row = runs_row(summary, run_id=run_id, started=started, finished=finished, status="completed",
                    config_fp=config_fp, stage_seconds=stage_seconds, versions=load["versions"], notices=notices)
     write_artifact(row, run_dir, "run", RUNS_SCHEMA)
-    db = connect(store_uri)
-    table = open_table(db, RUNS)
-    if table is None:
-        db.create_table(RUNS, row, schema=RUNS_SCHEMA)
-    else:
-        table.add(row)
+    open_runs_table(connect(store_uri), row).add(row)
     # Shown on the flow run's Artifacts tab; one stable key keeps the history together.
     create_table_artifact(key="ingest-run-summary", description=f"Inlet run {run_id}",
-                          table=[{"metric": k, "value": summary[k]} for k in RUN_COUNTS]
+                          table=[{"metric": k, "value": summary[k]} for k in (*RUN_COUNTS, *RUN_USAGE)]
                           + [{"metric": f"seconds {k}", "value": v} for k, v in stage_seconds.items()])
     logger = get_run_logger()
     logger.info("run %s: %s", run_id, ", ".join(f"{k}={summary[k]}" for k in RUN_COUNTS))

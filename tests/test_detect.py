@@ -70,3 +70,11 @@ def test_documents_of_unlisted_sources_are_not_deleted():
     other = {**_known("o"), "source": "removed-source"}
     got = _classify([], [other], {})
     assert "o" not in got
+
+
+def test_enricher_change_or_pending_enrichment_refreshes_without_reprocessing():
+    known = [_known("a", fp="fp/old-enricher"), _known("b", fp="fp/+enrichment-pending"),
+             _known("c", fp="other/old-enricher")]
+    got = _classify([_listed("a"), _listed("b"), _listed("c")], known, {})
+    assert got["a"] == ("unchanged", "enrichment") and got["b"] == ("unchanged", "enrichment")
+    assert got["c"] == ("changed", "settings"), "chunk settings changed too: reprocessed from the bytes"
