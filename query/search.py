@@ -8,7 +8,8 @@ from pathlib import Path
 
 import lancedb
 
-from providers.embedders import query_embedder
+from providers.embedders import Embedder, query_embedder
+from providers.keys import use_secret_block
 from schemas.config import InletConfig, load_config
 from schemas.errors import EmbedderMismatchError, StoreError
 
@@ -100,12 +101,33 @@ def _result(row: dict) -> SearchResult:
                         row["chunk_id"], meta)
 
 
+def vector_space(fingerprint: str) -> str:
+    """Return the part of an embedder fingerprint that decides its vector space (not its task type)."""
+    return fingerprint.split(":task=", 1)[0]
+
+
+def check_embedder(table_fingerprint: str, embedder: Embedder) -> None:
+    """Refuse an embedder whose vectors do not live in the table's vector space."""
+    if vector_space(embedder.fingerprint) != vector_space(table_fingerprint):
+        msg = (f"the chunks table was embedded with '{table_fingerprint}' but this query embeds with "
+               f"'{embedder.fingerprint}': distances between them mean nothing. Leave the embedder out to use "
+               "the table's own, or re-ingest into a table built with this one")
+        raise EmbedderMismatchError(msg)
+
+
 def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, *,
-           config: InletConfig | str | Path = DEFAULT_CONFIG) -> list[SearchResult]:
-    """Return the k chunks nearest to text, embedded with the table's own embedder, filtered by where."""
+           config: InletConfig | str | Path = DEFAULT_CONFIG, embedder: Embedder | None = None) -> list[SearchResult]:
+    """Return the k chunks nearest to text, embedded with the table's own embedder, filtered by where.
+
+    An explicit embedder must match the one the table was built with; it is refused otherwise.
+    """
     cfg = config if isinstance(config, InletConfig) else load_config(config)
+    use_secret_block(cfg.api_key_block)
     table = _open_chunks(cfg)
-    embedder = query_embedder(_table_embedder(table), cfg.embedding)
+    table_fp = _table_embedder(table)
+    if embedder is None:
+        embedder = query_embedder(table_fp, cfg.embedding)
+    check_embedder(table_fp, embedder)
     vector = embedder.embed([text])[0]
     query = table.search(vector, vector_column_name="vector").distance_type("cosine").limit(k)
     clause = where_clause(where)

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.ingest import ingest
+from query import search
 from schemas.arrow import RUN_USAGE, RUNS_SCHEMA
 from schemas.config import DEFAULT_PRICES, load_config
 from tests.gemini_server import Faults, GeminiServer
@@ -47,6 +48,11 @@ def test_rerun_calls_no_model_and_an_edit_calls_it_for_new_chunk_texts_only(writ
     config = _config(write_config, corpus, server)
     first = ingest(config_path=str(config))
     assert first["texts_enriched"] == _generate_calls(server) == first["chunks_added"] > 0
+    stored = {r["chunk_id"]: r for r in lancedb.connect(str(load_config(config).store.uri)).open_table("chunks")
+              .to_arrow().select(["chunk_id", "text", "enrichment"]).to_pylist()}
+    for hit in search("How do I winterize the outboard engine?", k=5, config=config):
+        assert hit.text == stored[hit.chunk_id]["text"], "the answerable text is the chunk's own"
+        assert stored[hit.chunk_id]["enrichment"] not in hit.text, "the enrichment is kept apart"
     calls = dict(server.traffic.calls)
 
     again = ingest(config_path=str(config))

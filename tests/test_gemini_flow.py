@@ -9,7 +9,9 @@ import lancedb
 import pytest
 
 from flows.ingest import ingest
+from providers.embedders import HashingEmbedder
 from query import search
+from schemas.errors import EmbedderMismatchError
 from schemas.config import load_config
 from tests.gemini_server import Faults, GeminiServer
 
@@ -48,6 +50,8 @@ def test_gemini_embeds_once_then_only_what_changed(gemini_config, corpus, server
     before = server.traffic.calls["batchEmbedContents"]
     hits = search("gelcoat hardener", k=2, config=gemini_config)
     assert len(hits) == 2 and server.traffic.calls["batchEmbedContents"] == before + 1
+    with pytest.raises(EmbedderMismatchError, match="embedded with 'gemini:gemini-embedding-001:dim=32"):
+        search("gelcoat hardener", config=gemini_config, embedder=HashingEmbedder(dim=32))
 
 
 def test_api_key_appears_in_no_artifact(gemini_config, server, monkeypatch, caplog):

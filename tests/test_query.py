@@ -32,3 +32,15 @@ def test_hashing_vectors_are_normalised_and_deterministic():
     emb = HashingEmbedder(dim=32)
     a, b = emb.embed(["Tide tables for the harbour", "Tide tables for the harbour"])
     assert (a == b).all() and abs(float((a * a).sum()) - 1.0) < 1e-5
+
+
+def test_a_query_embedder_of_another_vector_space_is_refused():
+    from query.search import check_embedder
+    from schemas.errors import EmbedderMismatchError
+
+    check_embedder("hashing-v1:dim=16", HashingEmbedder(dim=16))
+    with pytest.raises(EmbedderMismatchError, match="embedded with 'hashing-v1:dim=16'.*'hashing-v1:dim=32'"):
+        check_embedder("hashing-v1:dim=16", HashingEmbedder(dim=32))
+    # Gemini documents and queries differ only by task type: one space.
+    check_embedder("gemini:gemini-embedding-001:dim=768:task=RETRIEVAL_DOCUMENT",
+                   type("E", (), {"fingerprint": "gemini:gemini-embedding-001:dim=768:task=RETRIEVAL_QUERY"})())
