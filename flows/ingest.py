@@ -24,6 +24,7 @@ from tasks.refresh import refresh_stage
 from tasks.report import report_stage
 from tasks.store import connect, known_documents
 
+BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 
 
@@ -71,7 +72,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.
     chunks, extracted = clock.run("refresh", refresh_stage, documents, chunks, extracted, store, table, run_dir)
     enriched = clock.run("enrich", enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store, table,
-                         run_dir)
+                         run_dir, str(cfg.store.artifacts / BATCH_JOBS_DIR))
     embedded = clock.run("embed", embed_stage, enriched["path"], extracted, cfg.embedding, cfg.enrichment,
                          cfg.pricing, store, table, run_dir)
     loaded = clock.run("upsert", upsert_stage, documents, extracted, embedded["path"], store_uri=store,

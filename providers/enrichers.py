@@ -31,6 +31,11 @@ class Usage:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+    batch_jobs: int = 0  # Batch Mode jobs collected
+    batch_requests: int = 0  # rows answered through Batch Mode (billed at the batch discount)
+    batch_prompt_tokens: int = 0  # the part of the token counts above that Batch Mode served
+    batch_output_tokens: int = 0
+    batch_cached_tokens: int = 0
     errors: list[str] = field(default_factory=list)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from pyrate_limiter import Limiter, Rate
 
 from providers.enrichers import EnrichInput, Usage
+from providers.gemini_batch import JobLedger, JobRecord, Polling, outcomes, submit, wait_for
 from providers.gemini_retry import TRANSPORT_ERRORS, Retrier
 from providers.tokenizer import count_tokens
 from schemas.errors import ConfigError
@@ -96,11 +98,65 @@ class GeminiEnricher:
         with self._lock:
             self._add_usage(response.usage_metadata)
 
-    def _add_usage(self, meta: types.GenerateContentResponseUsageMetadata | None) -> None:
-        if meta is not None:
-            self.usage.prompt_tokens += meta.prompt_token_count or 0
-            self.usage.output_tokens += meta.candidates_token_count or 0
-            self.usage.cached_tokens += meta.cached_content_token_count or 0
+    def _add_usage(self, meta: types.GenerateContentResponseUsageMetadata | None, *, batch: bool = False) -> None:
+        if meta is None:
+            return
+        prompt, output = meta.prompt_token_count or 0, meta.candidates_token_count or 0
+        cached = meta.cached_content_token_count or 0
+        self.usage.prompt_tokens += prompt
+        self.usage.output_tokens += output
+        self.usage.cached_tokens += cached
+        if batch:
+            self.usage.batch_prompt_tokens += prompt
+            self.usage.batch_output_tokens += output
+            self.usage.batch_cached_tokens += cached
+
+    def _parse(self, response: types.GenerateContentResponse | None, error: str | None) -> Enrichment:
+        if response is None:
+            return Enrichment(None, error or "no answer")
+        try:
+            return Enrichment(render_answer(self._answer.model_validate_json(response.text or "")))
+        except ValidationError as exc:
+            self.usage.malformed += 1
+            return Enrichment(None, f"malformed answer: {exc.errors()[0]['msg']}")
+
+    def _collect(self, batch: types.BatchJob, job: JobRecord, results: dict[str, Enrichment]) -> None:
+        for key, outcome in outcomes(batch, job).items():
+            if outcome.response is not None:
+                self.usage.batch_requests += 1
+                self._add_usage(outcome.response.usage_metadata, batch=True)
+            results[key] = self._parse(outcome.response, outcome.error)
+        self.usage.batch_jobs += 1
+
+    def enrich_batch(self, items: list[EnrichInput], documents: list[str | None], keys: list[str],
+                     ledger: JobLedger, polling: Polling,
+                     on_state: Callable[[JobRecord], None] = lambda _job: None) -> list[str | None]:
+        """Enrich through Gemini Batch Mode: resume the ledger's open jobs for these keys, submit the rest as one.
+
+        A row the job failed, or answered malformed, comes back None: marked, and asked again by the next run.
+        """
+        wanted = {k: (i, d) for k, i, d in zip(keys, items, documents)}
+        results: dict[str, Enrichment] = {}
+        for job in ledger.open_jobs("enrich"):
+            if not wanted.keys() & set(job.keys):
+                continue  # another enricher's or an older run's rows: left for whoever needs them
+            on_state(job)
+            self._collect(wait_for(self._client, job, ledger, polling, on_state), job, results)
+            ledger.close(job)
+        rest = {k: self._inlined(k, *wanted[k]) for k in wanted if k not in results}
+        if rest:
+            job = submit(self._client, self._model, "enrich", rest, ledger, f"inlet-{self.kind}-{len(rest)}-rows")
+            on_state(job)
+            self._collect(wait_for(self._client, job, ledger, polling, on_state), job, results)
+            ledger.close(job)
+        failed = [r.error for k, r in results.items() if k in wanted and r.error]
+        self.usage.failures += len(failed)
+        self.usage.errors.extend(e for e in failed if e)
+        return [results[k].text for k in keys]
+
+    def _inlined(self, key: str, item: EnrichInput, document: str | None) -> types.InlinedRequest:
+        return types.InlinedRequest(contents=self._prompt.render(item, document),
+                                    metadata={"key": key}, config=self._config)
 
     def enrich(self, items: list[EnrichInput], documents: list[str | None] | None = None) -> list[str | None]:
         """Enrich each item; None where Gemini failed (its error is kept in usage.errors)."""
@@ -140,12 +196,11 @@ class GeminiEnricher:
                     self.usage.failures += 1
                 return Enrichment(None, f"request failed: {type(exc).__name__} {getattr(exc, 'code', '')}".strip())
             self._count(response)
-            try:
-                return Enrichment(render_answer(self._answer.model_validate_json(response.text or "")))
-            except ValidationError as exc:
-                with self._lock:
-                    self.usage.malformed += 1
-                last = f"malformed answer: {exc.errors()[0]['msg']}"
+            with self._lock:
+                parsed = self._parse(response, None)
+            if parsed.error is None:
+                return parsed
+            last = parsed.error
         with self._lock:
             self.usage.failures += 1
         return Enrichment(None, last)

@@ -104,6 +104,18 @@ class ChunkingConfig(_Strict):
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "configs" / "prompts"
 
 
+class BatchModeConfig(_Strict):
+    """Gemini Batch Mode for backfills: half price, answers within hours instead of seconds."""
+
+    mode: Literal["auto", "always", "never"] = Field(
+        "auto", description="auto: batch when at least min_rows chunks need enriching; always; never.")
+    min_rows: int = Field(1000, ge=1, description="Chunks to enrich at or above which auto mode submits a job.")
+    poll_initial_s: float = Field(10.0, gt=0, description="First wait between job state checks; doubles each time.")
+    poll_max_s: float = Field(300.0, gt=0, description="Longest wait between job state checks.")
+    max_wait_s: float = Field(86_400.0, gt=0, description="Give up waiting after this long; the next run resumes "
+                              "the same job instead of submitting it again.")
+
+
 class EnrichmentConfig(_Strict):
     """Chunk enrichment: offline keywords (YAKE + title + heading path), or Gemini."""
 
@@ -124,6 +136,7 @@ class EnrichmentConfig(_Strict):
     timeout_s: float = Field(60.0, gt=0, description="Time-out of one Gemini request.")
     attempts: int = Field(5, ge=1, le=20, description="Tries per Gemini request on 429, 5xx and time-outs.")
     batch_size: int = Field(50, ge=1, le=10_000, description="Chunks handed to the enricher at a time.")
+    batch: BatchModeConfig = Field(default_factory=BatchModeConfig, description="Gemini Batch Mode for backfills.")
     max_in_flight: int = Field(8, ge=1, le=256, description="Gemini requests in flight at once.")
     requests_per_minute: int | None = Field(1000, ge=1, description="Gemini request quota (None: no limit).")
     tokens_per_minute: int | None = Field(1_000_000, ge=1, description="Gemini prompt-token quota (None: no limit).")

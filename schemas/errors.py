@@ -30,3 +30,7 @@ class StoreError(InletError):
 
 class EmbedderMismatchError(StoreError):
     """A table was built with another embedder than the one asked for."""
+
+
+class BatchPendingError(InletError):
+    """A Gemini batch job outlived the run's wait; the next run resumes it rather than paying for it again."""

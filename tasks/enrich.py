@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import fields, replace
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact
 
 from providers.enrichers import EnrichInput, Enricher, Usage, make_enricher
+from providers.gemini_batch import JobLedger, JobRecord, Polling
 from providers.pricing import model_cost
 from providers.tokenizer import count_tokens
 from schemas.arrow import CHUNKS_SCHEMA, ENRICH_USAGE, ENRICHED_CHUNKS_SCHEMA, EXTRACTED_SCHEMA
@@ -45,9 +49,16 @@ def enrich_inputs(chunks: pa.Table, titles: dict[str, str | None]) -> list[Enric
             for r in chunks.select(["doc_id", "text", "heading_path"]).to_pylist()]
 
 
+BatchCall = Callable[[list[EnrichInput], list[str | None], list[str]], list[str | None]]
+
+
 def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher | None,
-                  cached: dict[str, str], documents: list[str | None] | None = None, batch_size: int = 50) -> pa.Table:
-    """Add enrichment columns; call the enricher only for keys not in cached (each key once)."""
+                  cached: dict[str, str], documents: list[str | None] | None = None, batch_size: int = 50,
+                  batch_call: BatchCall | None = None) -> pa.Table:
+    """Add enrichment columns; call the enricher only for keys not in cached (each key once).
+
+    With batch_call, every missing key goes to it at once (Gemini Batch Mode) instead of batch_size at a time.
+    """
     n = chunks.num_rows
     if enricher is None:
         nulls = pa.nulls(n, pa.string())
@@ -58,6 +69,10 @@ def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher
     todo = {k: (i, d) for k, i, d in zip(keys, items, docs) if k not in cached}
     fresh: dict[str, str | None] = {}
     pending = list(todo.items())
+    if batch_call is not None and pending:
+        answers = batch_call([i for _, (i, _) in pending], [d for _, (_, d) in pending], [k for k, _ in pending])
+        fresh.update(zip([k for k, _ in pending], answers))
+        pending = []
     for start in range(0, len(pending), batch_size):
         batch = pending[start : start + batch_size]
         answers = enricher.enrich([i for _, (i, _) in batch], [d for _, (_, d) in batch])
@@ -114,15 +129,43 @@ def enrichment_usage(enricher: Enricher | None, before: Usage, enriched: pa.Tabl
         "llm_calls": delta["calls"], "llm_retries": delta["retries"], "llm_malformed": delta["malformed"],
         "llm_failures": delta["failures"], "llm_prompt_tokens": delta["prompt_tokens"],
         "llm_output_tokens": delta["output_tokens"], "llm_cached_tokens": delta["cached_tokens"],
-        "llm_cost_usd": model_cost(pricing, cfg.model, prompt=delta["prompt_tokens"], output=delta["output_tokens"],
-                                   cached=delta["cached_tokens"]),
+        "llm_batch_jobs": delta["batch_jobs"], "llm_batch_requests": delta["batch_requests"],
+        # Batch Mode tokens are billed at the batch discount, the rest at list price.
+        "llm_cost_usd": model_cost(pricing, cfg.model, prompt=delta["prompt_tokens"] - delta["batch_prompt_tokens"],
+                                   output=delta["output_tokens"] - delta["batch_output_tokens"],
+                                   cached=delta["cached_tokens"] - delta["batch_cached_tokens"])
+        + model_cost(pricing, cfg.model, prompt=delta["batch_prompt_tokens"], output=delta["batch_output_tokens"],
+                     cached=delta["batch_cached_tokens"], batch=True),
         "llm_saved_usd": model_cost(pricing, cfg.model, prompt=saved_prompt, output=saved_output),
     }
 
 
+def _report_job(job: JobRecord) -> None:
+    """Show a batch job's state in the run's logs and on the Prefect UI's Artifacts page."""
+    get_run_logger().info("Gemini batch job %s (%d rows): %s", job.name, len(job.keys), job.state)
+    create_markdown_artifact(key="gemini-batch-job", description="Gemini Batch Mode job of this run",
+                             markdown=f"| job | rows | state | submitted |\n|---|---|---|---|\n"
+                                      f"| `{job.name}` | {len(job.keys)} | {job.state} | {job.submitted_at} |")
+
+
+def batch_mode_call(enricher: Enricher | None, cfg: EnrichmentConfig, jobs_dir: Path, items: list[EnrichInput],
+                    documents: list[str | None], cached: dict[str, str]) -> BatchCall | None:
+    """Return the Batch Mode call when this run should use it: asked for, enough rows, or a job left to resume."""
+    run_batch = getattr(enricher, "enrich_batch", None)
+    if run_batch is None or cfg.batch.mode == "never":
+        return None
+    ledger = JobLedger(jobs_dir)
+    keys = {enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, documents)} - cached.keys()
+    resumable = any(keys & set(job.keys) for job in ledger.open_jobs("enrich"))
+    if not (cfg.batch.mode == "always" or len(keys) >= cfg.batch.min_rows or resumable):
+        return None
+    polling = Polling(cfg.batch.poll_initial_s, cfg.batch.poll_max_s, cfg.batch.max_wait_s)
+    return lambda its, docs, ks: run_batch(its, docs, ks, ledger, polling, _report_job)
+
+
 @stage("enrich")
 def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, pricing: PricingConfig,
-                 store_uri: str, chunks_table: str, run_dir: str) -> dict:
+                 store_uri: str, chunks_table: str, run_dir: str, jobs_dir: str) -> dict:
     """Enrich chunks whose enrichment is not already stored; write enriched_chunks; return its path and usage."""
     chunks = read_artifact(chunks_path, CHUNKS_SCHEMA)
     enricher = make_enricher(cfg) if cfg.enabled else None
@@ -139,7 +182,8 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
         found = select_where_in(table, "enrich_key", keys, ["enrich_key", "enrichment"], ENRICHED_CHUNKS_SCHEMA)
         cached = dict(zip(found["enrich_key"].to_pylist(), found["enrichment"].to_pylist()))
     before = replace(getattr(enricher, "usage", Usage()))
-    enriched = enrich_chunks(chunks, items, enricher, cached, documents, cfg.batch_size)
+    batch_call = batch_mode_call(enricher, cfg, Path(jobs_dir), items, documents, cached)
+    enriched = enrich_chunks(chunks, items, enricher, cached, documents, cfg.batch_size, batch_call)
     usage = enrichment_usage(enricher, before, enriched, items, documents, cfg, pricing)
     made = sum(enriched["enriched_now"].to_pylist())
     failed = failed_enrichments(enriched)

@@ -18,6 +18,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 
 _ROUTE = re.compile(r"^/v1(?:beta)?/models/(?P<model>[^:/]+):(?P<method>\w+)$")
+_BATCH = re.compile(r"^/v1(?:beta)?/batches/(?P<job>[^:/]+)$")
+
+
+@dataclass
+class BatchJob:
+    """A batch job the server holds: its requests, and how many times its state was asked for."""
+
+    name: str
+    model: str
+    requests: list[dict]
+    polls: int = 0
 
 
 @dataclass
@@ -31,6 +42,9 @@ class Faults:
     p_timeout: float = 0.0  # the request is held for hang_s, past a short client time-out
     hang_s: float = 2.0
     first_429s: int = 0  # the first n requests are refused with a 429 whatever the draw
+    batch_polls: int = 1  # state checks a batch job answers RUNNING before it succeeds
+    batch_hold: bool = False  # batch jobs stay RUNNING until this is switched off
+    p_batch_row_error: float = 0.0  # rows of a finished batch job that come back as errors
     retry_delay_s: float = 1
     seed: int = 7
 
@@ -120,8 +134,46 @@ class _Handler(BaseHTTPRequestHandler):
             self._embed(payload)
         elif method == "generateContent":
             self._generate(payload, malformed)
+        elif method == "batchGenerateContent":
+            self._create_batch(match.group("model"), payload)
         else:
             self._error(404, f"method {method} is not served here")
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        srv = self.server
+        match = _BATCH.match(self.path.split("?")[0])
+        with srv.lock:
+            srv.traffic.calls["batches.get"] = srv.traffic.calls.get("batches.get", 0) + 1
+            job = srv.jobs.get(f"batches/{match.group('job')}") if match else None
+        if job is None:
+            self._error(404, f"no batch job at {self.path}")
+            return
+        job.polls += 1
+        done = job.polls >= srv.faults.batch_polls and not srv.faults.batch_hold
+        metadata = {"@type": "type.googleapis.com/google.ai.generativelanguage.v1beta.GenerateContentBatch",
+                    "name": job.name, "model": f"models/{job.model}",
+                    "state": "BATCH_STATE_SUCCEEDED" if done else "BATCH_STATE_RUNNING"}
+        if done:
+            metadata["output"] = {"inlinedResponses": {"inlinedResponses": [self._batch_row(r) for r in job.requests]}}
+        self._send(200, json.dumps({"name": job.name, "metadata": metadata, "done": done}).encode())
+
+    def _batch_row(self, row: dict) -> dict:
+        srv = self.server
+        with srv.lock:
+            failed = srv.rng.random() < srv.faults.p_batch_row_error
+        if failed:
+            return {"error": {"code": 500, "message": "internal error on this row"}, "metadata": row.get("metadata")}
+        return {"response": self._answer(row["request"], False), "metadata": row.get("metadata")}
+
+    def _create_batch(self, model: str, payload: dict) -> None:
+        srv = self.server
+        requests = payload["batch"]["inputConfig"]["requests"]["requests"]
+        with srv.lock:
+            name = f"batches/job{len(srv.jobs) + 1}"
+            srv.jobs[name] = BatchJob(name, model, requests)
+        metadata = {"name": name, "model": f"models/{model}", "state": "BATCH_STATE_PENDING",
+                    "displayName": payload["batch"].get("displayName", "")}
+        self._send(200, json.dumps({"name": name, "metadata": metadata}).encode())
 
     def _embed(self, payload: dict) -> None:
         requests = payload.get("requests", [])
@@ -136,6 +188,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, json.dumps({"embeddings": embeddings}).encode())
 
     def _generate(self, payload: dict, malformed: bool) -> None:
+        self._send(200, json.dumps(self._answer(payload, malformed)).encode())
+
+    @staticmethod
+    def _answer(payload: dict, malformed: bool) -> dict:
         prompt = " ".join(_text_of(c) for c in payload.get("contents", []))
         words = re.findall(r"[A-Za-z]{4,}", prompt)
         schema = payload.get("generationConfig", {}).get("responseSchema", {})
@@ -146,13 +202,12 @@ class _Handler(BaseHTTPRequestHandler):
         text = json.dumps(answer)
         if malformed:
             text = text[: len(text) // 2]  # truncated JSON, as a cut-off answer looks
-        body = {
+        return {
             "candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "finishReason": "STOP"}],
             "usageMetadata": {"promptTokenCount": len(prompt.split()), "candidatesTokenCount": len(text.split()),
                               "totalTokenCount": len(prompt.split()) + len(text.split())},
             "modelVersion": "fake-gemini",
         }
-        self._send(200, json.dumps(body).encode())
 
 
 class GeminiServer(ThreadingHTTPServer):
@@ -167,6 +222,7 @@ class GeminiServer(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.rng = random.Random(self.faults.seed)
         self.served = 0
+        self.jobs: dict[str, BatchJob] = {}
         self._thread: threading.Thread | None = None
 
     @property
