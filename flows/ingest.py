@@ -74,7 +74,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     enriched = clock.run("enrich", enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store, table,
                          run_dir, str(cfg.store.artifacts / BATCH_JOBS_DIR))
     embedded = clock.run("embed", embed_stage, enriched["path"], extracted, cfg.embedding, cfg.enrichment,
-                         cfg.pricing, store, table, run_dir)
+                         cfg.pricing, store, table, run_dir, str(cfg.store.artifacts / BATCH_JOBS_DIR))
     loaded = clock.run("upsert", upsert_stage, documents, extracted, embedded["path"], store_uri=store,
                        chunks_table=table, dim=dim, settings_fp=settings_fp, run_id=run_id, now=started)
     summary = report_stage(documents, extracted, embedded["path"], loaded, usage=enriched["usage"] | embedded["usage"],

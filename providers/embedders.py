@@ -156,7 +156,8 @@ def make_embedder(cfg: EmbeddingConfig) -> Embedder:
         from providers.keys import require_gemini_api_key
 
         return GeminiEmbedder(api_key=require_gemini_api_key(), model=cfg.model, dim=cfg.dim or 768,
-                              base_url=cfg.base_url, timeout_ms=int(cfg.timeout_s * 1000), attempts=cfg.attempts)
+                              base_url=cfg.base_url, timeout_ms=int(cfg.timeout_s * 1000), attempts=cfg.attempts,
+                              max_in_flight=cfg.max_in_flight)
     return _minilm(cfg.batch_size)
 
 

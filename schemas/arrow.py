@@ -145,7 +145,8 @@ RUN_COUNTS = (
 ENRICH_USAGE = ("llm_calls", "llm_retries", "llm_malformed", "llm_failures", "llm_prompt_tokens",
                 "llm_output_tokens", "llm_cached_tokens", "llm_batch_jobs", "llm_batch_requests", "llm_cost_usd",
                 "llm_saved_usd")
-EMBED_USAGE = ("embed_calls", "embed_retries", "embed_tokens", "embed_cost_usd", "embed_saved_usd")
+EMBED_USAGE = ("embed_calls", "embed_retries", "embed_tokens", "embed_batch_jobs", "embed_cost_usd",
+               "embed_saved_usd")
 RUN_USAGE = (*ENRICH_USAGE, *EMBED_USAGE, "cost_usd", "cost_saved_usd")
 
 

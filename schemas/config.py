@@ -108,8 +108,8 @@ class BatchModeConfig(_Strict):
     """Gemini Batch Mode for backfills: half price, answers within hours instead of seconds."""
 
     mode: Literal["auto", "always", "never"] = Field(
-        "auto", description="auto: batch when at least min_rows chunks need enriching; always; never.")
-    min_rows: int = Field(1000, ge=1, description="Chunks to enrich at or above which auto mode submits a job.")
+        "auto", description="auto: batch when at least min_rows texts need the model; always; never.")
+    min_rows: int = Field(1000, ge=1, description="Texts to enrich or embed at or above which auto mode submits a job.")
     poll_initial_s: float = Field(10.0, gt=0, description="First wait between job state checks; doubles each time.")
     poll_max_s: float = Field(300.0, gt=0, description="Longest wait between job state checks.")
     max_wait_s: float = Field(86_400.0, gt=0, description="Give up waiting after this long; the next run resumes "
@@ -169,6 +169,8 @@ class EmbeddingConfig(_Strict):
     base_url: str | None = Field(None, description="Gemini API base URL (a proxy or a local test server).")
     timeout_s: float = Field(60.0, gt=0, description="Time-out of one Gemini request.")
     attempts: int = Field(5, ge=1, le=20, description="Tries per Gemini request on 429, 5xx and time-outs.")
+    max_in_flight: int = Field(4, ge=1, le=64, description="Gemini embedding requests (100 texts each) in flight.")
+    batch: BatchModeConfig = Field(default_factory=BatchModeConfig, description="Gemini Batch Mode for backfills.")
 
     @field_validator("dim")
     @classmethod

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact
 
 from providers.embedders import Embedder, embedder_spec, make_embedder
+from providers.gemini_batch import JobLedger, JobRecord, Polling
 from providers.pricing import model_cost
 from providers.tokenizer import count_tokens
 from schemas.arrow import EMBED_USAGE, ENRICHED_CHUNKS_SCHEMA, EXTRACTED_SCHEMA, embedded_chunks_schema
@@ -35,9 +39,15 @@ def _vector_column(vectors: np.ndarray, dim: int) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(flat, dim)
 
 
+BatchCall = Callable[[list[str], list[str | None], list[str]], np.ndarray]
+
+
 def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None], embedder: Embedder,
-                 cached: pa.Table, batch_size: int) -> pa.Table:
-    """Attach vectors: cached (embed_key, truncated, vector) rows reused, the rest embedded once per key."""
+                 cached: pa.Table, batch_size: int, batch_call: BatchCall | None = None) -> pa.Table:
+    """Attach vectors: cached (embed_key, truncated, vector) rows reused, the rest embedded once per key.
+
+    With batch_call, every missing key goes to it at once (Gemini Batch Mode) instead of batch_size at a time.
+    """
     keys = [embed_key(t, embedder.fingerprint, title) for t, title in zip(inputs, titles)]
     title_of = dict(zip(keys, titles))
     known = {k: i for i, k in enumerate(cached["embed_key"].to_pylist())}
@@ -45,11 +55,16 @@ def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None]
     text_of = dict(zip(keys, inputs))
     fresh_vecs = np.zeros((len(todo), embedder.dim), dtype=np.float32)
     fresh_trunc: list[bool] = []
-    for start in range(0, len(todo), batch_size):
-        batch = todo[start : start + batch_size]
-        texts = [text_of[k] for k in batch]
-        fresh_vecs[start : start + len(texts)] = embedder.embed(texts, [title_of[k] for k in batch])
-        fresh_trunc.extend(embedder.truncated(texts))
+    if batch_call is not None and todo:
+        texts = [text_of[k] for k in todo]
+        fresh_vecs[:] = batch_call(texts, [title_of[k] for k in todo], todo)
+        fresh_trunc = embedder.truncated(texts)
+    else:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
+            texts = [text_of[k] for k in batch]
+            fresh_vecs[start : start + len(texts)] = embedder.embed(texts, [title_of[k] for k in batch])
+            fresh_trunc.extend(embedder.truncated(texts))
     fresh = {k: i for i, k in enumerate(todo)}
     cached_vecs = cached["vector"].combine_chunks().flatten().to_numpy().reshape(-1, embedder.dim) if known else None
     cached_trunc = cached["truncated"].to_pylist()
@@ -80,14 +95,38 @@ def embedding_usage(embedder: Embedder, embedded: pa.Table, inputs: list[str], c
         return {k: 0 for k in EMBED_USAGE}
     reused = [t for t, now in zip(inputs, embedded["embedded_now"].to_pylist()) if not now]
     saved_tokens = sum(count_tokens(t) for t in reused)
+    online = embedder.tokens - embedder.batch_tokens
     return {"embed_calls": calls, "embed_retries": embedder.retrier.retries, "embed_tokens": embedder.tokens,
-            "embed_cost_usd": model_cost(pricing, cfg.model, prompt=embedder.tokens),
+            "embed_batch_jobs": embedder.batch_jobs,
+            "embed_cost_usd": model_cost(pricing, cfg.model, prompt=online)
+            + model_cost(pricing, cfg.model, prompt=embedder.batch_tokens, batch=True),
             "embed_saved_usd": model_cost(pricing, cfg.model, prompt=saved_tokens)}
+
+
+def _report_job(job: JobRecord) -> None:
+    """Show a batch job's state in the run's logs and on the Prefect UI's Artifacts page."""
+    get_run_logger().info("Gemini embedding batch job %s (%d rows): %s", job.name, len(job.keys), job.state)
+    create_markdown_artifact(key="gemini-embedding-batch-job", description="Gemini Batch Mode embedding job",
+                             markdown=f"| job | rows | state | submitted |\n|---|---|---|---|\n"
+                                      f"| `{job.name}` | {len(job.keys)} | {job.state} | {job.submitted_at} |")
+
+
+def batch_mode_call(embedder: Embedder, cfg: EmbeddingConfig, jobs_dir: Path, todo: set[str]) -> BatchCall | None:
+    """Return the Batch Mode call when this run should use it: asked for, enough texts, or a job left to resume."""
+    run_batch = getattr(embedder, "embed_batch", None)
+    if run_batch is None or cfg.batch.mode == "never" or not todo:
+        return None
+    ledger = JobLedger(jobs_dir)
+    resumable = any(todo & set(job.keys) for job in ledger.open_jobs("embed"))
+    if not (cfg.batch.mode == "always" or len(todo) >= cfg.batch.min_rows or resumable):
+        return None
+    polling = Polling(cfg.batch.poll_initial_s, cfg.batch.poll_max_s, cfg.batch.max_wait_s)
+    return lambda texts, titles, keys: run_batch(texts, titles, keys, ledger, polling, _report_job)
 
 
 @stage("embed")
 def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, enrichment: EnrichmentConfig,
-                pricing: PricingConfig, store_uri: str, chunks_table: str, run_dir: str) -> dict:
+                pricing: PricingConfig, store_uri: str, chunks_table: str, run_dir: str, jobs_dir: str) -> dict:
     """Embed chunks whose vector is not already stored; write embedded_chunks; return its path and usage."""
     enriched = read_artifact(enriched_path, ENRICHED_CHUNKS_SCHEMA)
     spec = embedder_spec(cfg)
@@ -105,7 +144,8 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
     keys = [embed_key(t, spec.fingerprint, title) for t, title in zip(inputs, titles)]
     cached = select_where_in(table, "embed_key", keys, ["embed_key", "truncated", "vector"], schema)
     embedder = make_embedder(cfg)
-    embedded = embed_chunks(enriched, inputs, titles, embedder, cached, cfg.batch_size)
+    batch_call = batch_mode_call(embedder, cfg, Path(jobs_dir), set(keys) - set(cached["embed_key"].to_pylist()))
+    embedded = embed_chunks(enriched, inputs, titles, embedder, cached, cfg.batch_size, batch_call)
     made = sum(embedded["embedded_now"].to_pylist())
     get_run_logger().info("embedded %d of %d chunks (%d reused, %d truncated by the model)", made,
                           embedded.num_rows, embedded.num_rows - made, sum(embedded["truncated"].to_pylist()))

@@ -29,6 +29,8 @@ class BatchJob:
     model: str
     requests: list[dict]
     polls: int = 0
+    kind: str = "generate"  # generate: inlined requests and answers; embed: JSONL files in and out
+    output: str | None = None  # name of the answers file, once written
 
 
 @dataclass
@@ -104,7 +106,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, srv: GeminiServer) -> None:
         match = _ROUTE.match(self.path.split("?")[0])
-        payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path.startswith(("/upload/", "/upload-session/")):  # the Files API's resumable upload
+            self._upload(raw)
+            return
+        payload = json.loads(raw or b"{}")
         with srv.lock:
             srv.traffic.request_times.append(time.monotonic())
             srv.traffic.api_keys.add(self.headers.get("x-goog-api-key", ""))
@@ -136,11 +142,85 @@ class _Handler(BaseHTTPRequestHandler):
             self._generate(payload, malformed)
         elif method == "batchGenerateContent":
             self._create_batch(match.group("model"), payload)
+        elif method == "asyncBatchEmbedContent":
+            self._create_embed_batch(match.group("model"), payload)
         else:
             self._error(404, f"method {method} is not served here")
 
+    def _upload(self, raw: bytes) -> None:
+        srv = self.server
+        if self.path.startswith("/upload/"):  # start: hand out an upload URL
+            with srv.lock:
+                session = f"s{len(srv.files) + 1}"
+                srv.files[f"upload:{session}"] = b""
+            body = b"{}"
+            self.send_response(200)
+            self.send_header("x-goog-upload-url", f"{self.server.base_url}/upload-session/{session}")
+            self.send_header("x-goog-upload-status", "active")
+        else:  # upload, finalize: the whole file in one piece (files here are small)
+            session = self.path.rsplit("/", 1)[1]
+            with srv.lock:
+                name = f"files/in{len(srv.files) + 1}"
+                srv.files[name] = raw
+            body = json.dumps({"file": {"name": name, "sizeBytes": str(len(raw)), "mimeType": "application/jsonl",
+                                        "state": "ACTIVE", "uri": f"{srv.base_url}/v1beta/{name}"}}).encode()
+            self.send_response(200)
+            self.send_header("x-goog-upload-status", "final")
+            del session
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _create_embed_batch(self, model: str, payload: dict) -> None:
+        srv = self.server
+        source = payload["batch"]["inputConfig"]
+        file_name = source.get("fileName") or source.get("file_name")  # proto JSON takes either spelling
+        lines = srv.files.get(file_name or "", b"").decode().splitlines()
+        if not lines:
+            self._error(400, f"input file {file_name} is missing or empty")
+            return
+        with srv.lock:
+            name = f"batches/job{len(srv.jobs) + 1}"
+            srv.jobs[name] = BatchJob(name, model, [json.loads(line) for line in lines], kind="embed")
+        metadata = {"name": name, "model": f"models/{model}", "state": "BATCH_STATE_PENDING"}
+        self._send(200, json.dumps({"name": name, "metadata": metadata}).encode())
+
+    def _embed_output(self, job: BatchJob) -> str:
+        """Write a finished embedding job's answers as a JSONL file; return its name."""
+        srv = self.server
+        lines = []
+        for row in job.requests:
+            with srv.lock:
+                failed = srv.rng.random() < srv.faults.p_batch_row_error
+            if failed:
+                lines.append({"key": row["key"], "error": {"code": 500, "message": "internal error on this row"}})
+                continue
+            req = row["request"]
+            text = _text_of(req["content"]) + "|" + req.get("title", "") + "|" + req.get("taskType", "")
+            lines.append({"key": row["key"], "response": {"embedding": {
+                "values": fake_vector(text, int(req.get("outputDimensionality", 3072)))}}})
+        name = f"files/out-{job.name.rsplit('/', 1)[1]}"
+        with srv.lock:
+            srv.files[name] = "\n".join(json.dumps(line) for line in lines).encode()
+        return name
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         srv = self.server
+        if ":download" in self.path:
+            name = "files/" + self.path.split("/files/", 1)[1].split(":download", 1)[0]
+            with srv.lock:
+                srv.traffic.calls["files.download"] = srv.traffic.calls.get("files.download", 0) + 1
+                data = srv.files.get(name)
+            if data is None:
+                self._error(404, f"no file {name}")
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         match = _BATCH.match(self.path.split("?")[0])
         with srv.lock:
             srv.traffic.calls["batches.get"] = srv.traffic.calls.get("batches.get", 0) + 1
@@ -153,7 +233,10 @@ class _Handler(BaseHTTPRequestHandler):
         metadata = {"@type": "type.googleapis.com/google.ai.generativelanguage.v1beta.GenerateContentBatch",
                     "name": job.name, "model": f"models/{job.model}",
                     "state": "BATCH_STATE_SUCCEEDED" if done else "BATCH_STATE_RUNNING"}
-        if done:
+        if done and job.kind == "embed":
+            job.output = job.output or self._embed_output(job)
+            metadata["output"] = {"responsesFile": job.output}
+        elif done:
             metadata["output"] = {"inlinedResponses": {"inlinedResponses": [self._batch_row(r) for r in job.requests]}}
         self._send(200, json.dumps({"name": job.name, "metadata": metadata, "done": done}).encode())
 
@@ -223,7 +306,15 @@ class GeminiServer(ThreadingHTTPServer):
         self.rng = random.Random(self.faults.seed)
         self.served = 0
         self.jobs: dict[str, BatchJob] = {}
+        self.files: dict[str, bytes] = {}
         self._thread: threading.Thread | None = None
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """Stay quiet when a client gave up on a held request (a time-out test); report anything else."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
     @property
     def base_url(self) -> str:

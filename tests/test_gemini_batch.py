@@ -87,3 +87,78 @@ def test_auto_mode_batches_only_at_the_threshold(write_config, corpus, monkeypat
         assert srv.traffic.calls["generateContent"] == summary["texts_enriched"] > 0
     finally:
         srv.stop()
+
+
+def test_embeddings_go_through_batch_mode_with_each_chunk_title_and_resume_after_an_interruption(
+        write_config, corpus, monkeypatch):
+    """Batch embedding: one JSONL job; failed rows embedded online at once; an interrupted job collected later."""
+    monkeypatch.setenv("GEMINI_API_KEY", KEY)
+    srv = GeminiServer(Faults(batch_hold=True, p_batch_row_error=0.2, seed=4)).start()
+    try:
+        batch = {"mode": "always", "max_wait_s": 0.5, **FAST_POLLING}
+        config = write_config(corpus, embedding={"kind": "gemini", "dim": 16, "base_url": srv.base_url,
+                                                 "batch": batch})
+        with pytest.raises(BatchPendingError, match="still JOB_STATE_RUNNING"):
+            ingest(config_path=str(config))
+        assert srv.traffic.calls["asyncBatchEmbedContent"] == 1
+
+        srv.faults = Faults(p_batch_row_error=0.2, seed=4)
+        summary = ingest(config_path=str(config))
+        assert srv.traffic.calls["asyncBatchEmbedContent"] == 1, "resumed, not submitted again"
+        job = srv.jobs["batches/job1"]
+        titles = {r["request"].get("title") for r in job.requests}
+        assert len(titles) > 1 and None not in titles, "each request carries its own document title"
+        online = sum(srv.traffic.embed_batch_sizes)
+        assert 0 < online < len(job.requests), "only the rows the job failed were embedded online"
+        assert summary["embed_batch_jobs"] == 1 and summary["texts_embedded"] == summary["chunks_added"]
+
+        # The same vectors as an all-online build of the same corpus.
+        online_config = write_config(corpus, name="online.yaml", store="online",
+                                     embedding={"kind": "gemini", "dim": 16, "base_url": srv.base_url,
+                                                "batch": {"mode": "never"}})
+        ingest(config_path=str(online_config))
+        def vectors(cfg_path):
+            table = lancedb.connect(str(load_config(cfg_path).store.uri)).open_table("chunks").to_arrow()
+            return {c: [round(x, 5) for x in v] for c, v in zip(table["chunk_id"].to_pylist(),
+                                                                 table["vector"].to_pylist())}
+        assert vectors(config) == vectors(online_config)
+    finally:
+        srv.stop()
+
+
+def test_a_run_killed_while_waiting_for_its_batch_job_is_resumed_by_the_next(write_config, corpus, monkeypatch):
+    """A real SIGKILL of the flow's process while the job runs: the next run collects that same job."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from prefect.settings import PREFECT_API_URL
+
+    monkeypatch.setenv("GEMINI_API_KEY", KEY)
+    srv = GeminiServer(Faults(batch_hold=True)).start()
+    try:
+        config = _config(write_config, corpus, srv, mode="always")
+        jobs = load_config(config).store.artifacts / BATCH_JOBS_DIR
+        root = Path(__file__).resolve().parent.parent
+        env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(root)}
+        proc = subprocess.Popen([sys.executable, "-c", f"from flows.ingest import ingest; ingest(config_path={str(config)!r})"],
+                                cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while not list(jobs.glob("*.json")) and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.1)
+            assert list(jobs.glob("*.json")), "the job was recorded while the run waited for it"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        assert srv.traffic.calls["batchGenerateContent"] == 1
+
+        srv.faults = Faults()
+        resumed = ingest(config_path=str(config))
+        assert srv.traffic.calls["batchGenerateContent"] == 1, "the killed run's job was collected, not paid twice"
+        assert resumed["texts_enriched"] == resumed["chunks_added"] > 0 and all(_enrichments(config))
+    finally:
+        srv.stop()
