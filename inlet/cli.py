@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Annotated
 
-import providers  # noqa: F401 - offline switches before Prefect loads
 import typer
 
+import providers  # noqa: F401 - offline switches before Prefect loads
 from schemas.arrow import RUN_COUNTS
 from schemas.errors import InletError
 

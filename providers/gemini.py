@@ -6,8 +6,8 @@ import io
 import json
 import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from google import genai

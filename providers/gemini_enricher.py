@@ -17,7 +17,14 @@ from pydantic import BaseModel, ValidationError
 from pyrate_limiter import Limiter, Rate
 
 from providers.enrichers import EnrichInput, Usage
-from providers.gemini_batch import JobLedger, JobRecord, Polling, outcomes, submit, wait_for
+from providers.gemini_batch import (
+    JobLedger,
+    JobRecord,
+    Polling,
+    outcomes,
+    submit,
+    wait_for,
+)
 from providers.gemini_retry import TRANSPORT_ERRORS, Retrier
 from providers.tokenizer import count_tokens
 from schemas.errors import ConfigError

@@ -9,15 +9,19 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 from prefect import get_run_logger
-from prefect.artifacts import create_markdown_artifact
 
 from providers.embedders import Embedder, embedder_spec, make_embedder
-from providers.gemini_batch import JobLedger, JobRecord, Polling
+from providers.gemini_batch import JobLedger, Polling
 from providers.pricing import model_cost
 from providers.tokenizer import count_tokens
-from schemas.arrow import EMBED_USAGE, ENRICHED_CHUNKS_SCHEMA, EXTRACTED_SCHEMA, embedded_chunks_schema
+from schemas.arrow import (
+    EMBED_USAGE,
+    ENRICHED_CHUNKS_SCHEMA,
+    EXTRACTED_SCHEMA,
+    embedded_chunks_schema,
+)
 from schemas.config import EmbeddingConfig, EnrichmentConfig, PricingConfig
-from tasks.artifacts import read_artifact, write_artifact
+from tasks.artifacts import read_artifact, report_batch_job, write_artifact
 from tasks.stage import stage
 from tasks.store import connect, open_table, select_where_in
 
@@ -103,14 +107,6 @@ def embedding_usage(embedder: Embedder, embedded: pa.Table, inputs: list[str], c
             "embed_saved_usd": model_cost(pricing, cfg.model, prompt=saved_tokens)}
 
 
-def _report_job(job: JobRecord) -> None:
-    """Show a batch job's state in the run's logs and on the Prefect UI's Artifacts page."""
-    get_run_logger().info("Gemini embedding batch job %s (%d rows): %s", job.name, len(job.keys), job.state)
-    create_markdown_artifact(key="gemini-embedding-batch-job", description="Gemini Batch Mode embedding job",
-                             markdown=f"| job | rows | state | submitted |\n|---|---|---|---|\n"
-                                      f"| `{job.name}` | {len(job.keys)} | {job.state} | {job.submitted_at} |")
-
-
 def batch_mode_call(embedder: Embedder, cfg: EmbeddingConfig, jobs_dir: Path, todo: set[str]) -> BatchCall | None:
     """Return the Batch Mode call when this run should use it: asked for, enough texts, or a job left to resume."""
     run_batch = getattr(embedder, "embed_batch", None)
@@ -121,7 +117,7 @@ def batch_mode_call(embedder: Embedder, cfg: EmbeddingConfig, jobs_dir: Path, to
     if not (cfg.batch.mode == "always" or len(todo) >= cfg.batch.min_rows or resumable):
         return None
     polling = Polling(cfg.batch.poll_initial_s, cfg.batch.poll_max_s, cfg.batch.max_wait_s)
-    return lambda texts, titles, keys: run_batch(texts, titles, keys, ledger, polling, _report_job)
+    return lambda texts, titles, keys: run_batch(texts, titles, keys, ledger, polling, report_batch_job("gemini-embedding-batch-job"))
 
 
 @stage("embed")

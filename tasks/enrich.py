@@ -10,17 +10,22 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
-from prefect.artifacts import create_markdown_artifact
 
-from providers.enrichers import EnrichInput, Enricher, Usage, make_enricher
-from providers.gemini_batch import JobLedger, JobRecord, Polling
+from providers.enrichers import Enricher, EnrichInput, Usage, make_enricher
+from providers.gemini_batch import JobLedger, Polling
 from providers.pricing import model_cost
 from providers.tokenizer import count_tokens
-from schemas.arrow import CHUNKS_SCHEMA, ENRICH_USAGE, ENRICHED_CHUNKS_SCHEMA, EXTRACTED_SCHEMA
+from schemas.arrow import (
+    CHUNKS_SCHEMA,
+    ENRICH_USAGE,
+    ENRICHED_CHUNKS_SCHEMA,
+    EXTRACTED_SCHEMA,
+)
 from schemas.config import EnrichmentConfig, PricingConfig
-from tasks.artifacts import read_artifact, write_artifact
+from tasks.artifacts import read_artifact, report_batch_job, write_artifact
 from tasks.stage import stage
 from tasks.store import connect, open_table, select_where_in
+
 
 def enrich_key(item: EnrichInput, fingerprint: str, document: str | None = None) -> str:
     """Cache key of one enrichment: everything the enricher sees (the document too, for context), and the enricher."""
@@ -140,14 +145,6 @@ def enrichment_usage(enricher: Enricher | None, before: Usage, enriched: pa.Tabl
     }
 
 
-def _report_job(job: JobRecord) -> None:
-    """Show a batch job's state in the run's logs and on the Prefect UI's Artifacts page."""
-    get_run_logger().info("Gemini batch job %s (%d rows): %s", job.name, len(job.keys), job.state)
-    create_markdown_artifact(key="gemini-batch-job", description="Gemini Batch Mode job of this run",
-                             markdown=f"| job | rows | state | submitted |\n|---|---|---|---|\n"
-                                      f"| `{job.name}` | {len(job.keys)} | {job.state} | {job.submitted_at} |")
-
-
 def batch_mode_call(enricher: Enricher | None, cfg: EnrichmentConfig, jobs_dir: Path, items: list[EnrichInput],
                     documents: list[str | None], cached: dict[str, str]) -> BatchCall | None:
     """Return the Batch Mode call when this run should use it: asked for, enough rows, or a job left to resume."""
@@ -160,7 +157,7 @@ def batch_mode_call(enricher: Enricher | None, cfg: EnrichmentConfig, jobs_dir: 
     if not (cfg.batch.mode == "always" or len(keys) >= cfg.batch.min_rows or resumable):
         return None
     polling = Polling(cfg.batch.poll_initial_s, cfg.batch.poll_max_s, cfg.batch.max_wait_s)
-    return lambda its, docs, ks: run_batch(its, docs, ks, ledger, polling, _report_job)
+    return lambda its, docs, ks: run_batch(its, docs, ks, ledger, polling, report_batch_job("gemini-batch-job"))
 
 
 @stage("enrich")

@@ -12,8 +12,8 @@ from prefect import get_run_logger
 
 from schemas.arrow import (
     DOCUMENT_ROWS_SCHEMA,
-    ENRICHMENT_PENDING,
     DOCUMENTS_SCHEMA,
+    ENRICHMENT_PENDING,
     EXTRACTED_SCHEMA,
     LISTING_SCHEMA,
     QUARANTINE_SCHEMA,
@@ -25,7 +25,15 @@ from schemas.errors import EmbedderMismatchError
 from tasks.artifacts import read_artifact
 from tasks.enrich import failed_mask
 from tasks.stage import stage
-from tasks.store import DOCUMENTS, QUARANTINE, connect, known_documents, open_table, select_where_in, sql_list
+from tasks.store import (
+    DOCUMENTS,
+    QUARANTINE,
+    connect,
+    known_documents,
+    open_table,
+    select_where_in,
+    sql_list,
+)
 
 _DOC_FIELDS = ["source", "title", "uri", "doc_type", "tags", "access_level", "language", "extra"]
 

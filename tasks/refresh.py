@@ -6,7 +6,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
 
-from schemas.arrow import CHUNKS_SCHEMA, DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, REFRESH_ENRICHMENT
+from schemas.arrow import (
+    CHUNKS_SCHEMA,
+    DOCUMENTS_SCHEMA,
+    EXTRACTED_SCHEMA,
+    REFRESH_ENRICHMENT,
+)
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.stage import stage
 from tasks.store import connect, open_table, select_where_in

@@ -7,7 +7,11 @@ import pytest
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
 from tasks.extract import decode_text, extract_document, split_front_matter
-from tasks.spacy_fallback import NOTICE, install_fallback_if_needed, real_model_installed
+from tasks.spacy_fallback import (
+    NOTICE,
+    install_fallback_if_needed,
+    real_model_installed,
+)
 from tests.conftest import SAMPLE
 
 CFG = ExtractionConfig()

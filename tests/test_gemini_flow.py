@@ -11,8 +11,8 @@ import pytest
 from flows.ingest import ingest
 from providers.embedders import HashingEmbedder
 from query import search
-from schemas.errors import EmbedderMismatchError
 from schemas.config import load_config
+from schemas.errors import EmbedderMismatchError
 from tests.gemini_server import Faults, GeminiServer
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from providers.embedders import MINILM_FINGERPRINT, HashingEmbedder, query_embedder
-from schemas.config import EmbeddingConfig
 from query.search import where_clause
+from schemas.config import EmbeddingConfig
 
 
 def test_where_dict_becomes_sql():
