@@ -157,7 +157,8 @@ def make_embedder(cfg: EmbeddingConfig) -> Embedder:
 
         return GeminiEmbedder(api_key=require_gemini_api_key(), model=cfg.model, dim=cfg.dim or 768,
                               base_url=cfg.base_url, timeout_ms=int(cfg.timeout_s * 1000), attempts=cfg.attempts,
-                              max_in_flight=cfg.max_in_flight)
+                              max_in_flight=cfg.max_in_flight, requests_per_minute=cfg.requests_per_minute,
+                              tokens_per_minute=cfg.tokens_per_minute)
     return _minilm(cfg.batch_size)
 
 

@@ -14,7 +14,7 @@ from google import genai
 from google.genai import types
 
 from providers.gemini_batch import JobLedger, JobRecord, Polling, wait_for
-from providers.gemini_retry import Retrier
+from providers.gemini_retry import Quota, Retrier
 from providers.tokenizer import count_tokens
 
 MAX_TEXTS_PER_REQUEST = 100  # the API's limit for one batchEmbedContents call
@@ -40,7 +40,8 @@ class GeminiEmbedder:
     def __init__(self, *, api_key: str, model: str = "gemini-embedding-001", dim: int = 768,
                  task_type: str = "RETRIEVAL_DOCUMENT", base_url: str | None = None, timeout_ms: int = 60_000,
                  attempts: int = 5, initial_delay_s: float = 1.0, max_request_chars: int = 200_000,
-                 max_in_flight: int = 4) -> None:
+                 max_in_flight: int = 4, requests_per_minute: int | None = None,
+                 tokens_per_minute: int | None = None, window_ms: int = 60_000) -> None:
         # The client's own retries ignore the server's retry delay, so ours replace them.
         self._client = genai.Client(api_key=api_key, http_options=types.HttpOptions(base_url=base_url,
                                                                                     timeout=timeout_ms))
@@ -49,6 +50,8 @@ class GeminiEmbedder:
         self.tokens = 0  # estimated with cl100k: batchEmbedContents reports no usage
         self.batch_jobs = 0
         self._in_flight = max_in_flight
+        # Embedding quotas are the embedding model's own: one limiter for this embedder's threads.
+        self._quota = Quota(requests_per_minute, tokens_per_minute, window_ms)
         self._lock = threading.Lock()
         self.batch_tokens = 0  # the part of tokens sent through Batch Mode (billed at the batch discount)
         self._model, self._task, self._max_chars = model, task_type, max_request_chars
@@ -60,13 +63,15 @@ class GeminiEmbedder:
         config = types.EmbedContentConfig(task_type=self._task, output_dimensionality=self.dim,
                                           title=(title or None) if self._task == "RETRIEVAL_DOCUMENT" else None)
 
+        spent = sum(count_tokens(t) for t in texts)
+
         def call() -> types.EmbedContentResponse:
+            self._quota.acquire(spent)  # every attempt, retries included
             with self._lock:
                 self.calls += 1
             return self._client.models.embed_content(model=self._model, contents=texts, config=config)
 
         result = self.retrier(call)
-        spent = sum(count_tokens(t) for t in texts)
         with self._lock:
             self.tokens += spent
         vectors = np.asarray([e.values for e in result.embeddings], dtype=np.float32)

@@ -14,7 +14,6 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import BaseModel, ValidationError
-from pyrate_limiter import Limiter, Rate
 
 from providers.enrichers import EnrichInput, Usage
 from providers.gemini_batch import (
@@ -25,7 +24,7 @@ from providers.gemini_batch import (
     submit,
     wait_for,
 )
-from providers.gemini_retry import TRANSPORT_ERRORS, Retrier
+from providers.gemini_retry import TRANSPORT_ERRORS, Quota, Retrier
 from providers.tokenizer import count_tokens
 from schemas.errors import ConfigError
 from schemas.llm import ANSWERS, render_answer
@@ -94,8 +93,7 @@ class GeminiEnricher:
         self._lock = threading.Lock()
         self._in_flight = max_in_flight
         # One limiter per enricher, shared by all its threads: requests and prompt tokens per window.
-        self._requests = Limiter(Rate(requests_per_minute, window_ms)) if requests_per_minute else None
-        self._tokens = Limiter(Rate(tokens_per_minute, window_ms)) if tokens_per_minute else None
+        self._quota = Quota(requests_per_minute, tokens_per_minute, window_ms)
         # The system message is part of the prompt: an override changes the fingerprint as a new version would.
         sys_hash = hashlib.sha256(system.encode()).hexdigest()[:8] if system != prompt.system else ""
         self.fingerprint = (f"gemini-{kind}:{model}:prompt={prompt.name}@v{prompt.version}"
@@ -175,18 +173,12 @@ class GeminiEnricher:
             self.usage.retries = self._retrier.retries
         return [r.text for r in results]
 
-    def _wait_for_quota(self, prompt: str) -> None:
-        if self._requests is not None:
-            self._requests.try_acquire("requests")
-        if self._tokens is not None:
-            self._tokens.try_acquire("tokens", weight=max(1, count_tokens(prompt)))
-
     def prompt_tokens(self, item: EnrichInput, document: str | None = None) -> int:
         """Estimate the prompt tokens of one chunk's request (cl100k as a proxy for Gemini's tokenizer)."""
         return count_tokens(self._config.system_instruction or "") + count_tokens(self._prompt.render(item, document))
 
     def _generate(self, contents: str) -> types.GenerateContentResponse:
-        self._wait_for_quota(contents)  # every attempt, retries included, counts against the quota
+        self._quota.acquire(count_tokens(contents))  # every attempt, retries included, counts against the quota
         with self._lock:
             self.usage.calls += 1
         return self._client.models.generate_content(model=self._model, contents=contents, config=self._config)

@@ -1,4 +1,4 @@
-"""Retries for Gemini calls: exponential backoff with jitter that never undercuts the server's retry delay."""
+"""Retries and quotas for Gemini calls: backoff that never undercuts the server's retry delay, and a shared limiter."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import TypeVar
 import httpx
 import tenacity
 from google.genai import errors as genai_errors
+from pyrate_limiter import Limiter, Rate
 
 RETRY_STATUSES = (408, 429, 500, 502, 503, 504)
 _HTTP_MODULES = [httpx]
@@ -87,3 +88,19 @@ class Retrier:
                                      retry=tenacity.retry_if_exception(is_transient), wait=self._wait,
                                      before_sleep=self._count, reraise=True)
         return retrying(fn)
+
+
+class Quota:
+    """Requests and tokens per window, shared by every thread of one client (blocks until there is room)."""
+
+    def __init__(self, requests_per_minute: int | None, tokens_per_minute: int | None,
+                 window_ms: int = 60_000) -> None:
+        self._requests = Limiter(Rate(requests_per_minute, window_ms)) if requests_per_minute else None
+        self._tokens = Limiter(Rate(tokens_per_minute, window_ms)) if tokens_per_minute else None
+
+    def acquire(self, tokens: int) -> None:
+        """Wait for room for one request of this many tokens."""
+        if self._requests is not None:
+            self._requests.try_acquire("requests")
+        if self._tokens is not None:
+            self._tokens.try_acquire("tokens", weight=max(1, tokens))

@@ -170,6 +170,8 @@ class EmbeddingConfig(_Strict):
     timeout_s: float = Field(60.0, gt=0, description="Time-out of one Gemini request.")
     attempts: int = Field(5, ge=1, le=20, description="Tries per Gemini request on 429, 5xx and time-outs.")
     max_in_flight: int = Field(4, ge=1, le=64, description="Gemini embedding requests (100 texts each) in flight.")
+    requests_per_minute: int | None = Field(1000, ge=1, description="Gemini embedding request quota (None: no limit).")
+    tokens_per_minute: int | None = Field(1_000_000, ge=1, description="Gemini embedding token quota (None: no limit).")
     batch: BatchModeConfig = Field(default_factory=BatchModeConfig, description="Gemini Batch Mode for backfills.")
 
     @field_validator("dim")

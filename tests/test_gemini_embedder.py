@@ -68,3 +68,13 @@ def test_request_batches_respect_count_and_size():
 def test_long_inputs_are_counted_as_truncated(server):
     emb = _embedder(server, dim=8)
     assert emb.truncated(["short", "word " * 3000]) == [False, True]
+
+
+def test_embedding_request_rate_never_exceeds_the_limit(server):
+    """3 requests per 1-second window (minutes in production, shortened here) over 8 concurrent requests."""
+    embedder = _embedder(server, dim=8, max_in_flight=8, requests_per_minute=3, window_ms=1000)
+    embedder.embed([f"text {i}" for i in range(800)])  # 8 requests of 100 texts
+    times = sorted(server.traffic.request_times)
+    assert len(times) == 8 and times[-1] - times[0] >= 1.5
+    for i, start in enumerate(times):
+        assert sum(1 for t in times[i:] if t - start < 0.95) <= 3
