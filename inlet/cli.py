@@ -67,6 +67,11 @@ def query(
     text: Annotated[str, typer.Argument(help="What to search for.")],
     k: Annotated[int, typer.Option("-k", help="Number of results.")] = 5,
     where: Annotated[list[str] | None, typer.Option(help="Filter FIELD=VALUE (repeatable), e.g. doc_type=guide.")] = None,
+    mode: Annotated[str | None, typer.Option(help="vector, fulltext or hybrid (default: query.mode).")] = None,
+    clearance: Annotated[str, typer.Option(help="public, internal, restricted or confidential.")] = "public",
+    as_of: Annotated[str | None, typer.Option("--as-of", help="A table version, run id or ISO time.")] = None,
+    neighbors: Annotated[int, typer.Option(help="Show this many chunks before and after each hit.")] = 0,
+    fallback: Annotated[bool, typer.Option(help="Retry without --where when nothing matches.")] = False,
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
     """Search the store and print the best chunks with citations."""
@@ -79,14 +84,22 @@ def query(
             _fail(ValueError(f"--where expects FIELD=VALUE, got '{item}'"))
         filters.setdefault(key, []).append(value)
     try:
-        results = search(text, k=k, where=filters or None, config=config)
+        version = int(as_of) if as_of is not None and as_of.isdigit() else as_of
+        results = search(text, k=k, where=filters or None, mode=mode, clearance=clearance, as_of=version,
+                         neighbors=neighbors, fallback=fallback, config=config)
     except InletError as exc:
         _fail(exc)
     if not results:
         typer.echo("no results")
+    for notice in results.notices:
+        typer.secho(f"notice: {notice}", fg=typer.colors.YELLOW)
     for i, r in enumerate(results, 1):
         typer.secho(f"[{i}] {r.score:.3f}  {r.citation}", bold=True)
+        for near in r.before:
+            typer.secho("    ... " + near.text.strip().replace("\n", " ")[:200], dim=True)
         typer.echo("    " + r.text.strip().replace("\n", "\n    ")[:600])
+        for near in r.after:
+            typer.secho("    ... " + near.text.strip().replace("\n", " ")[:200], dim=True)
 
 
 if __name__ == "__main__":

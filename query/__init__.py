@@ -1,6 +1,6 @@
 """Read side: search the versioned LanceDB tables that the ingest flow writes."""
 
 import providers  # noqa: F401 - offline switches before any model library loads
-from query.search import Citation, SearchResult, search
+from query.search import Citation, Neighbor, SearchResult, SearchResults, search
 
-__all__ = ["Citation", "SearchResult", "search"]
+__all__ = ["Citation", "Neighbor", "SearchResult", "SearchResults", "search"]

@@ -1,17 +1,20 @@
-"""Vector search over the chunks table, with metadata filters and citations."""
+"""Search over the chunks table: vector, full-text or hybrid; filters, clearance, time travel, neighbours."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 import lancedb
 
 from providers.embedders import Embedder, query_embedder
 from providers.keys import use_secret_block
-from schemas.config import InletConfig, load_config
-from schemas.errors import EmbedderMismatchError, StoreError
+from schemas.config import ACCESS_LEVELS, InletConfig, QueryConfig, load_config
+from schemas.errors import EmbedderMismatchError, QueryError, StoreError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 _COLUMNS = ("source", "doc_type", "access_level", "language", "title", "uri", "doc_id")
@@ -39,8 +42,17 @@ class Citation:
 
 
 @dataclass(frozen=True)
+class Neighbor:
+    """A chunk next to a hit in its document."""
+
+    chunk_id: str
+    chunk_index: int
+    text: str
+
+
+@dataclass(frozen=True)
 class SearchResult:
-    """One retrieved chunk: its original text (enrichment apart), score and citation."""
+    """One retrieved chunk: its original text (enrichment apart), score, citation and neighbours in order."""
 
     text: str
     score: float
@@ -48,6 +60,19 @@ class SearchResult:
     doc_id: str
     chunk_id: str
     metadata: dict
+    before: tuple[Neighbor, ...] = ()
+    after: tuple[Neighbor, ...] = ()
+
+
+class SearchResults(list[SearchResult]):
+    """The hits, best first, with notices about how they were found (fallbacks, skipped sides)."""
+
+    def __init__(self, hits: list[SearchResult] = (), notices: list[str] | None = None) -> None:
+        super().__init__(hits)
+        self.notices: list[str] = notices or []
+
+
+Mode = Literal["vector", "fulltext", "hybrid"]
 
 
 def _quote(value: object) -> str:
@@ -73,32 +98,54 @@ def where_clause(where: dict[str, object] | str | None) -> str | None:
     return " AND ".join(clauses) or None
 
 
-def _open_chunks(cfg: InletConfig) -> lancedb.table.Table:
+def _open_chunks(cfg: InletConfig, as_of: int | str | datetime | None = None) -> lancedb.table.Table:
     db = lancedb.connect(str(cfg.store.uri))
     listed = db.list_tables()
     if cfg.store.chunks_table not in set(getattr(listed, "tables", listed)):
         msg = f"no '{cfg.store.chunks_table}' table in {cfg.store.uri}: run `inlet ingest` first"
         raise StoreError(msg)
-    return db.open_table(cfg.store.chunks_table)
+    table = db.open_table(cfg.store.chunks_table)
+    if as_of is not None:
+        table.checkout(resolve_version(table, as_of))
+    return table
+
+
+def resolve_version(table: lancedb.table.Table, as_of: int | str | datetime) -> int:
+    """Turn a version number, a run tag or a timestamp (the table as it was then) into a table version."""
+    versions = table.list_versions()
+    if isinstance(as_of, int):
+        if as_of not in {v["version"] for v in versions}:
+            msg = f"as_of: table '{table.name}' has no version {as_of}"
+            raise QueryError(msg)
+        return as_of
+    if isinstance(as_of, str):
+        tags = table.tags.list()
+        if as_of in tags:
+            return tags[as_of]["version"]
+        try:
+            as_of = datetime.fromisoformat(as_of)
+        except ValueError:
+            msg = f"as_of: '{as_of}' is neither a run tag of table '{table.name}' nor an ISO timestamp"
+            raise QueryError(msg) from None
+    moment = as_of if as_of.tzinfo else as_of.replace(tzinfo=UTC)
+    before = [v for v in versions if _aware(v["timestamp"]) <= moment]
+    if not before:
+        msg = f"as_of: table '{table.name}' did not exist yet at {moment.isoformat()}"
+        raise QueryError(msg)
+    return max(before, key=lambda v: v["version"])["version"]
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.astimezone(UTC)
 
 
 def _table_embedder(table: lancedb.table.Table) -> str:
-    fingerprints = table.search().select(["embedder"]).limit(None).to_arrow()["embedder"].unique().to_pylist()
-    if len(fingerprints) != 1:
-        msg = f"chunks table mixes embedders {fingerprints}: re-run ingest to finish re-embedding"
-        raise EmbedderMismatchError(msg)
-    return fingerprints[0]
-
-
-def _result(row: dict) -> SearchResult:
-    pages = (row["page_start"], row["page_end"]) if row["page_start"] is not None else None
-    citation = Citation(row["title"], row["uri"], tuple(row["heading_path"] or ()), pages)
-    meta = {k: row[k] for k in ("source", "doc_type", "tags", "access_level", "language", "chunk_index",
-                                 "total_chunks")}
-    meta |= json.loads(row["extra"] or "{}")
-    # Cosine distance on unit vectors: 1 - distance is the cosine similarity.
-    return SearchResult(row["text"], round(1.0 - float(row["_distance"]), 6), citation, row["doc_id"],
-                        row["chunk_id"], meta)
+    # One row is enough: a run replaces every vector in one commit when the embedder changes.
+    rows = table.search().select(["embedder"]).limit(1).to_arrow()["embedder"].to_pylist()
+    if not rows:
+        msg = f"table '{table.name}' is empty"
+        raise StoreError(msg)
+    return rows[0]
 
 
 def vector_space(fingerprint: str) -> str:
@@ -115,22 +162,123 @@ def check_embedder(table_fingerprint: str, embedder: Embedder) -> None:
         raise EmbedderMismatchError(msg)
 
 
-def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, *,
-           config: InletConfig | str | Path = DEFAULT_CONFIG, embedder: Embedder | None = None) -> list[SearchResult]:
-    """Return the k chunks nearest to text, embedded with the table's own embedder, filtered by where.
+def clearance_clause(clearance: str) -> str:
+    """Return the SQL that keeps rows at or below a caller's clearance (public < internal < ...)."""
+    if clearance not in ACCESS_LEVELS:
+        msg = f"clearance '{clearance}' is not one of {', '.join(ACCESS_LEVELS)}"
+        raise QueryError(msg)
+    allowed = ACCESS_LEVELS[: ACCESS_LEVELS.index(clearance) + 1]
+    return f"access_level IN ({', '.join(_quote(a) for a in allowed)})"
 
-    An explicit embedder must match the one the table was built with; it is refused otherwise.
+
+def _result(row: dict, score: float) -> SearchResult:
+    pages = (row["page_start"], row["page_end"]) if row["page_start"] is not None else None
+    citation = Citation(row["title"], row["uri"], tuple(row["heading_path"] or ()), pages)
+    meta = {k: row[k] for k in ("source", "doc_type", "tags", "access_level", "language", "chunk_index",
+                                 "total_chunks")}
+    meta |= json.loads(row["extra"] or "{}")
+    return SearchResult(row["text"], round(score, 6), citation, row["doc_id"], row["chunk_id"], meta)
+
+
+def fuse(rankings: list[tuple[float, list[str]]], rrf_k: int) -> dict[str, float]:
+    """Weighted reciprocal rank fusion: each id scores the sum of weight / (rrf_k + rank) over the rankings."""
+    scores: dict[str, float] = {}
+    for weight, ids in rankings:
+        for rank, chunk_id in enumerate(ids, 1):
+            scores[chunk_id] = scores.get(chunk_id, 0.0) + weight / (rrf_k + rank)
+    return scores
+
+
+def _vector_rows(table: lancedb.table.Table, vector: list[float], clause: str, limit: int) -> list[dict]:
+    query = table.search(vector, vector_column_name="vector").distance_type("cosine").where(clause, prefilter=True)
+    return query.select([*_SELECT, "_distance"]).limit(limit).to_arrow().to_pylist()
+
+
+def _fulltext_rows(table: lancedb.table.Table, text: str, clause: str, limit: int) -> list[dict]:
+    if not any(i.index_type == "FTS" for i in table.list_indices()):
+        msg = (f"table '{table.name}' (version {table.version}) has no full-text index: run `inlet ingest` with "
+               "query.fulltext_index on, or search in vector mode")
+        raise QueryError(msg)
+    query = table.search(text, query_type="fts", fts_columns="text").where(clause, prefilter=True)
+    return query.select([*_SELECT, "_score"]).limit(limit).to_arrow().to_pylist()
+
+
+def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: int, qcfg: QueryConfig,
+            embed: Callable[[], list[float]]) -> list[SearchResult]:
+    if mode == "vector":
+        # Cosine distance on unit vectors: 1 - distance is the cosine similarity.
+        return [_result(r, 1.0 - float(r["_distance"])) for r in _vector_rows(table, embed(), clause, k)]
+    if mode == "fulltext":
+        return [_result(r, float(r["_score"])) for r in _fulltext_rows(table, text, clause, k)]
+    depth = k * qcfg.candidates
+    dense = _vector_rows(table, embed(), clause, depth) if qcfg.vector_weight > 0 else []
+    sparse = _fulltext_rows(table, text, clause, depth) if qcfg.fulltext_weight > 0 else []
+    rows = {r["chunk_id"]: r for r in [*sparse, *dense]}
+    scores = fuse([(qcfg.vector_weight, [r["chunk_id"] for r in dense]),
+                   (qcfg.fulltext_weight, [r["chunk_id"] for r in sparse])], qcfg.rrf_k)
+    best = sorted(scores, key=lambda c: (-scores[c], c))[:k]
+    return [_result(rows[c], scores[c]) for c in best]
+
+
+def _with_neighbors(table: lancedb.table.Table, hits: list[SearchResult], n: int) -> list[SearchResult]:
+    """Attach the n previous and next chunks of each hit's document, in order."""
+    if n <= 0 or not hits:
+        return hits
+    spans = [f"(doc_id = {_quote(h.doc_id)} AND chunk_index BETWEEN {h.metadata['chunk_index'] - n} AND "
+             f"{h.metadata['chunk_index'] + n})" for h in hits]
+    rows = table.search().where(" OR ".join(spans)).select(["doc_id", "chunk_id", "chunk_index", "text"]) \
+        .limit(None).to_arrow().to_pylist()
+    by_doc: dict[str, list[dict]] = {}
+    for row in sorted(rows, key=lambda r: r["chunk_index"]):
+        by_doc.setdefault(row["doc_id"], []).append(row)
+    out = []
+    for hit in hits:
+        i = hit.metadata["chunk_index"]
+        near = [Neighbor(r["chunk_id"], r["chunk_index"], r["text"]) for r in by_doc.get(hit.doc_id, [])]
+        out.append(SearchResult(hit.text, hit.score, hit.citation, hit.doc_id, hit.chunk_id, hit.metadata,
+                                tuple(x for x in near if i - n <= x.chunk_index < i),
+                                tuple(x for x in near if i < x.chunk_index <= i + n)))
+    return out
+
+
+def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, *, mode: Mode | None = None,
+           clearance: str = "public", as_of: int | str | datetime | None = None, neighbors: int = 0,
+           fallback: bool = False, config: InletConfig | str | Path = DEFAULT_CONFIG,
+           embedder: Embedder | None = None) -> SearchResults:
+    """Return the k best chunks for text that the caller's clearance may see.
+
+    mode: vector (the table's own embedder, query task type), fulltext (BM25 over the native
+    full-text index) or hybrid (both, fused by weighted reciprocal rank; weights in config.query).
+    where: metadata filters ({field: value or [values]} or SQL); with fallback=True an empty
+    filtered result is retried without the filters (never without the clearance) and a notice
+    says so. clearance: public < internal < restricted < confidential; rows above it are never
+    read. as_of: a table version, a run tag, or a timestamp. neighbors: attach the n previous
+    and next chunks of each hit. An explicit embedder must match the table's vector space.
     """
     cfg = config if isinstance(config, InletConfig) else load_config(config)
     use_secret_block(cfg.api_key_block)
-    table = _open_chunks(cfg)
-    table_fp = _table_embedder(table)
-    if embedder is None:
-        embedder = query_embedder(table_fp, cfg.embedding)
-    check_embedder(table_fp, embedder)
-    vector = embedder.embed([text])[0]
-    query = table.search(vector, vector_column_name="vector").distance_type("cosine").limit(k)
-    clause = where_clause(where)
-    if clause:
-        query = query.where(clause, prefilter=True)
-    return [_result(r) for r in query.select([*_SELECT, "_distance"]).to_arrow().to_pylist()]
+    mode = mode or cfg.query.mode
+    if mode not in ("vector", "fulltext", "hybrid"):
+        msg = f"mode '{mode}' is not one of vector, fulltext, hybrid"
+        raise QueryError(msg)
+    table = _open_chunks(cfg, as_of)
+    vector: list[list[float]] = []
+
+    def embed() -> list[float]:  # only vector and hybrid searches pay for a query embedding
+        nonlocal embedder
+        if not vector:
+            table_fp = _table_embedder(table)
+            embedder = embedder or query_embedder(table_fp, cfg.embedding)
+            check_embedder(table_fp, embedder)
+            vector.append(embedder.embed([text])[0])
+        return vector[0]
+
+    guard = clearance_clause(clearance)
+    filters = where_clause(where)
+    clause = f"({guard}) AND ({filters})" if filters else guard
+    hits = _ranked(table, text, mode, clause, k, cfg.query, embed)
+    notices = []
+    if not hits and filters and fallback:
+        hits = _ranked(table, text, mode, guard, k, cfg.query, embed)
+        notices.append(f"nothing matched the filters ({filters}); these results ignore them")
+    return SearchResults(_with_neighbors(table, hits, neighbors), notices)

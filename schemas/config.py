@@ -208,6 +208,19 @@ class PricingConfig(_Strict):
     batch_discount: float = Field(0.5, gt=0, le=1, description="Share of the list price paid in Batch Mode.")
 
 
+class QueryConfig(_Strict):
+    """How search ranks and fuses; indexes kept by the ingest flow."""
+
+    mode: Literal["vector", "fulltext", "hybrid"] = Field("vector", description="Default search mode.")
+    vector_weight: float = Field(1.0, ge=0, description="Weight of the vector ranking in hybrid fusion.")
+    fulltext_weight: float = Field(1.0, ge=0, description="Weight of the full-text (BM25) ranking in hybrid fusion.")
+    rrf_k: int = Field(60, ge=1, description="Reciprocal rank fusion constant: score = weight / (rrf_k + rank).")
+    candidates: int = Field(4, ge=1, le=100, description="Each side of a hybrid search fetches candidates x k rows.")
+    fulltext_index: bool = Field(True, description="Create and keep current a full-text index on chunk text.")
+    ann_min_rows: int = Field(100_000, ge=256, description="Build the ANN vector index once the chunks table has "
+                              "this many rows; below it, exact search is fast enough.")
+
+
 class StoreConfig(_Strict):
     """Where tables and run artifacts live."""
 
@@ -225,6 +238,7 @@ class InletConfig(_Strict):
     enrichment: EnrichmentConfig = Field(default_factory=EnrichmentConfig)
     embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
     pricing: PricingConfig = Field(default_factory=PricingConfig)
+    query: QueryConfig = Field(default_factory=QueryConfig)
     api_key_block: str | None = Field(None, description="Prefect Secret block holding the Gemini API key, read "
                                       "when neither GEMINI_API_KEY nor GOOGLE_API_KEY is set.")
     store: StoreConfig = Field(default_factory=StoreConfig)

@@ -34,3 +34,7 @@ class EmbedderMismatchError(StoreError):
 
 class BatchPendingError(InletError):
     """A Gemini batch job outlived the run's wait; the next run resumes it rather than paying for it again."""
+
+
+class QueryError(InletError, ValueError):
+    """A search was asked for something the store cannot answer (bad mode, version, clearance, index)."""

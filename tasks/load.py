@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import lancedb
+from lancedb.index import FTS
 import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
@@ -48,6 +49,7 @@ class LoadResult:
     chunks_written: int = 0
     docs_quarantined: int = 0
     versions: dict[str, int] = field(default_factory=dict)
+    fulltext: dict[str, int] = field(default_factory=dict)  # index coverage: indexed and unindexed rows
 
 
 # --- pure: build the rows to commit ----------------------------------------------------------
@@ -173,6 +175,27 @@ def commit_documents(db: lancedb.DBConnection, rows: pa.Table, deleted: list[str
     return upsert_keyed(db, DOCUMENTS, "doc_id", rows, DOCUMENT_ROWS_SCHEMA, deleted)
 
 
+# Rows added after the full-text index was built are still found (searched without the index);
+# past this many, the index is brought up to date so searches stay fast.
+MAX_UNINDEXED = 5_000
+
+
+def refresh_fulltext_index(table: lancedb.table.Table) -> dict[str, int]:
+    """Create the chunk-text full-text index, or fold unindexed rows into it; return its coverage."""
+    indexes = {i.index_type: i for i in table.list_indices()}
+    if "FTS" not in indexes:
+        if table.count_rows() == 0:
+            return {"indexed": 0, "unindexed": 0}
+        table.create_index("text", config=FTS(with_position=False), replace=True)
+        indexes = {i.index_type: i for i in table.list_indices()}
+    stats = table.index_stats(indexes["FTS"].name)
+    if stats.num_unindexed_rows > MAX_UNINDEXED:
+        # No pruning here: old versions are what as_of reads; the maintenance flow decides their retention.
+        table.optimize(cleanup_older_than=timedelta(days=36_500))
+        stats = table.index_stats(indexes["FTS"].name)
+    return {"indexed": stats.num_indexed_rows, "unindexed": stats.num_unindexed_rows}
+
+
 def tag_version(table: lancedb.table.Table, tag: str) -> None:
     """Tag the table's current version (no-op if the tag exists)."""
     if tag not in table.tags.list():
@@ -184,7 +207,8 @@ def _ids(table: pa.Table, mask: pa.ChunkedArray) -> list[str]:
 
 
 def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extracted: pa.Table,
-         embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime) -> LoadResult:
+         embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime,
+         fulltext_index: bool = True) -> LoadResult:
     """Commit one run: chunks, then documents, then the quarantine list; tag the chunks version."""
     known = known_documents(db)
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
@@ -199,6 +223,9 @@ def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extra
     q_version = upsert_keyed(db, QUARANTINE, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
     table = open_table(db, chunks_table)
     if table is not None:
+        if fulltext_index:  # before the tag, so that the run's tagged version carries a current index
+            result.fulltext = refresh_fulltext_index(table)
+            chunks_version = table.version
         tag_version(table, run_id)
     result.versions = {k: v for k, v in {chunks_table: chunks_version, DOCUMENTS: docs_version,
                                          QUARANTINE: q_version}.items() if v is not None}
@@ -207,13 +234,14 @@ def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extra
 
 @stage("upsert")
 def upsert_stage(documents_path: str, extracted_path: str, embedded_path: str, *, store_uri: str,
-                 chunks_table: str, dim: int, settings_fp: str, run_id: str, now: datetime) -> dict:
+                 chunks_table: str, dim: int, settings_fp: str, run_id: str, now: datetime,
+                 fulltext_index: bool = True) -> dict:
     """Commit the run's chunks and documents to LanceDB."""
     result = load(
         connect(store_uri), chunks_table,
         read_artifact(documents_path, DOCUMENTS_SCHEMA), read_artifact(extracted_path, EXTRACTED_SCHEMA),
         read_artifact(embedded_path, embedded_chunks_schema(dim)),
-        dim=dim, settings_fp=settings_fp, run_id=run_id, now=now,
+        dim=dim, settings_fp=settings_fp, run_id=run_id, now=now, fulltext_index=fulltext_index,
     )
     get_run_logger().info("chunks: %d added, %d removed, %d reused, %d rows written", result.chunks_added,
                           result.chunks_removed, result.chunks_reused, result.chunks_written)

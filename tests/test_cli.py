@@ -41,3 +41,9 @@ def test_ingest_then_query_from_the_command_line(corpus, write_config):
                  "--config", str(config))
     assert query.returncode == 0, query.stderr[-2000:]
     assert "Safety policy > Wind limits" in query.stdout and "Laser dinghies | 20 knots" in query.stdout
+    hybrid = _run("query", "laser dinghies wind", "-k", "2", "--mode", "hybrid", "--neighbors", "1",
+                  "--as-of", summary["run_id"], "--config", str(config))
+    assert hybrid.returncode == 0, hybrid.stderr[-2000:]
+    assert "[2]" in hybrid.stdout and "    ... " in hybrid.stdout
+    bad = _run("query", "x", "--mode", "semantic", "--config", str(config))
+    assert bad.returncode == 2 and "mode 'semantic' is not one of" in bad.stderr

@@ -1,0 +1,107 @@
+"""search(): modes, clearance, filters with fallback, time travel and neighbours, over a store the flow built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lancedb
+import pytest
+
+from flows.ingest import ingest
+from query import search
+from query.search import fuse
+from schemas.config import load_config
+from schemas.errors import QueryError
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+SECRET = "The harbour master's safe code is 4471 and the spare keys hang behind the chart table."
+
+
+@pytest.fixture
+def store(tmp_path: Path, corpus: Path, write_config) -> Path:
+    """The sample corpus (public) plus one confidential and one internal document, ingested once."""
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    (vault / "safe.md").write_text(f"# Safe\n\n{SECRET}\n")
+    staff = tmp_path / "staff"
+    staff.mkdir()
+    (staff / "rota.md").write_text("# Rota\n\nThe winter rota for the outboard engine checks is on the wall.\n")
+    config = write_config(corpus, sources=[
+        {"name": "sample", "path": str(corpus), "metadata": {"doc_type": "club-docs", "tags": ["sailing"]}},
+        {"name": "vault", "path": str(vault), "metadata": {"doc_type": "secrets", "access_level": "confidential"}},
+        {"name": "staff", "path": str(staff), "metadata": {"doc_type": "rota", "access_level": "internal"}},
+    ])
+    ingest(config_path=str(config))
+    return config
+
+
+@pytest.mark.parametrize("mode", ["vector", "fulltext", "hybrid"])
+def test_a_confidential_chunk_never_reaches_a_public_caller_whatever_the_query(store, mode):
+    for text in [SECRET, "safe code", "harbour master spare keys chart table", "4471"]:
+        for hit in search(text, k=20, mode=mode, config=store):
+            assert hit.metadata["access_level"] == "public", (text, hit.doc_id)
+    assert any(h.doc_id == "vault:safe.md" for h in search(SECRET, k=3, mode=mode, clearance="confidential",
+                                                           config=store))
+
+
+def test_clearance_admits_levels_at_or_below_it(store):
+    internal = {h.metadata["access_level"] for h in search("winter rota outboard engine", k=30, mode="fulltext",
+                                                            clearance="internal", config=store)}
+    assert internal == {"public", "internal"}
+    with pytest.raises(QueryError, match="clearance 'secret' is not one of"):
+        search("x", clearance="secret", config=store)
+
+
+@pytest.mark.parametrize("mode", ["vector", "fulltext", "hybrid"])
+def test_filters_apply_in_every_mode_and_fallback_says_so(store, mode):
+    hits = search("engine", k=5, mode=mode, where={"doc_type": "club-docs"}, config=store)
+    assert hits and all(h.metadata["doc_type"] == "club-docs" for h in hits)
+    assert search("engine", mode=mode, where={"doc_type": "none-such"}, config=store) == []
+    fell_back = search("engine", mode=mode, where={"doc_type": "none-such"}, fallback=True, config=store)
+    assert fell_back and "ignore them" in fell_back.notices[0]
+    assert all(h.metadata["access_level"] == "public" for h in fell_back), "the fallback keeps the clearance"
+
+
+def test_fulltext_finds_exact_terms_and_hybrid_fuses_both_rankings(store):
+    top = search("gelcoat hardener", k=1, mode="fulltext", config=store)[0]
+    assert top.doc_id == "sample:guides/boat-maintenance.md" and "hardener" in top.text
+    hybrid = search("gelcoat hardener", k=3, mode="hybrid", config=store)
+    assert hybrid[0].chunk_id == top.chunk_id
+    assert fuse([(1.0, ["a", "b"]), (1.0, ["b", "c"])], 60) == pytest.approx(
+        {"a": 1 / 61, "b": 1 / 62 + 1 / 61, "c": 1 / 62})
+    assert fuse([(0.0, ["a"]), (2.0, ["c"])], 60) == pytest.approx({"a": 0.0, "c": 2 / 61})
+
+
+def test_fulltext_finds_a_row_added_after_the_index_was_built(store, corpus):
+    (corpus / "new-note.md").write_text("# Note\n\nThe zanzibar tide gauge was recalibrated on Tuesday.\n")
+    summary = ingest(config_path=str(store))
+    assert summary["docs_new"] == 1 and summary["fulltext_index"]["indexed"] > 0
+    table = lancedb.connect(str(load_config(store).store.uri)).open_table("chunks")
+    assert table.index_stats("text_idx").num_unindexed_rows >= 1, "the new row is not in the index yet"
+    assert search("zanzibar", k=1, mode="fulltext", config=store)[0].doc_id == "sample:new-note.md"
+
+
+def test_as_of_a_run_tag_a_version_or_a_time_reads_the_table_as_it_was(store, corpus):
+    cfg = load_config(store)
+    table = lancedb.connect(str(cfg.store.uri)).open_table("chunks")
+    first_tag, first_version = next(iter(table.tags.list().items()))
+    first_version = first_version["version"]
+    moment = max(v["timestamp"] for v in table.list_versions() if v["version"] == first_version)
+    guide = corpus / "guides" / "boat-maintenance.md"
+    guide.write_text(guide.read_text().replace("2% hardener", "3% hardener"))
+    ingest(config_path=str(store))
+    now = search("hardener percentage gelcoat", k=1, mode="fulltext", config=store)[0]
+    assert "3% hardener" in now.text
+    for as_of in (first_tag, first_version, moment.isoformat()):
+        then = search("hardener percentage gelcoat", k=1, mode="fulltext", as_of=as_of, config=store)[0]
+        assert "2% hardener" in then.text, as_of
+    with pytest.raises(QueryError, match="neither a run tag"):
+        search("x", as_of="no-such-run", config=store)
+
+
+def test_neighbors_are_the_previous_and_next_chunks_in_order(store):
+    hit = search("gelcoat hardener", k=1, mode="fulltext", neighbors=1, config=store)[0]
+    i = hit.metadata["chunk_index"]
+    assert [n.chunk_index for n in hit.before] == ([i - 1] if i > 0 else [])
+    assert [n.chunk_index for n in hit.after] == ([i + 1] if i + 1 < hit.metadata["total_chunks"] else [])
+    assert search("gelcoat hardener", k=1, mode="fulltext", config=store)[0].before == ()
