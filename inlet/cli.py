@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 import providers  # noqa: F401 - offline switches before Prefect loads
 from schemas.arrow import RUN_COUNTS
 from schemas.errors import InletError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 app = typer.Typer(help="Keep a LanceDB knowledge base fresh and search it.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -100,6 +104,60 @@ def query(
         typer.echo("    " + r.text.strip().replace("\n", "\n    ")[:600])
         for near in r.after:
             typer.secho("    ... " + near.text.strip().replace("\n", " ")[:200], dim=True)
+
+
+def _console() -> Console:
+    """A console that keeps tables whole when the output is piped (cron mails, logs, tests)."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+@app.command()
+def versions(config: ConfigOpt = DEFAULT_CONFIG) -> None:
+    """List the runs with their tags, chunks-table versions and counts."""
+    from rich.table import Table
+
+    from query import versions as list_versions
+
+    try:
+        runs = list_versions(config=config)
+    except InletError as exc:
+        _fail(exc)
+    table = Table("run (tag)", "started", "status", "chunks v.", "new", "changed", "deleted", "quarantined",
+                  "chunks +", "chunks -", "embedded")
+    for r in runs:
+        table.add_row(r["run_id"] + ("" if r["tag"] else " (untagged)"), f"{r['started_at']:%Y-%m-%d %H:%M:%S}",
+                      r["status"], str(r["chunks_version"]), *(str(r[k]) for k in (
+                          "docs_new", "docs_changed", "docs_deleted", "docs_quarantined", "chunks_added",
+                          "chunks_removed", "texts_embedded")))
+    _console().print(table if runs else "no runs yet")
+
+
+@app.command()
+def diff(
+    old: Annotated[str, typer.Argument(help="A run id, table version or ISO time.")],
+    new: Annotated[str, typer.Argument(help="A run id, table version or ISO time.")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+) -> None:
+    """Say which documents and chunks were added, removed or changed between two versions."""
+    from rich.table import Table
+
+    from query import diff as diff_versions
+
+    try:
+        change = diff_versions(*(int(v) if v.isdigit() else v for v in (old, new)), config=config)
+    except InletError as exc:
+        _fail(exc)
+    table = Table("document", "change", title=f"chunks table v{change.old_version} -> v{change.new_version}")
+    for kind, docs in (("added", change.documents_added), ("removed", change.documents_removed),
+                       ("changed", change.documents_changed)):
+        for doc in docs:
+            table.add_row(doc, kind)
+    console = _console()
+    console.print(table)
+    console.print(f"chunks: {len(change.chunks_added)} added, {len(change.chunks_removed)} removed, "
+                  f"{len(change.chunks_changed)} re-enriched or re-embedded")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Read side: search the versioned LanceDB tables that the ingest flow writes."""
 
 import providers  # noqa: F401 - offline switches before any model library loads
+from query.history import Diff, diff, versions
 from query.search import Citation, Neighbor, SearchResult, SearchResults, search
 
-__all__ = ["Citation", "Neighbor", "SearchResult", "SearchResults", "search"]
+__all__ = ["Citation", "Diff", "Neighbor", "SearchResult", "SearchResults", "diff", "search", "versions"]

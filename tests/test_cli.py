@@ -45,5 +45,9 @@ def test_ingest_then_query_from_the_command_line(corpus, write_config):
                   "--as-of", summary["run_id"], "--config", str(config))
     assert hybrid.returncode == 0, hybrid.stderr[-2000:]
     assert "[2]" in hybrid.stdout and "    ... " in hybrid.stdout
+    listed = _run("versions", "--config", str(config))
+    assert listed.returncode == 0 and summary["run_id"] in listed.stdout, listed.stderr[-2000:]
+    same = _run("diff", summary["run_id"], summary["run_id"], "--config", str(config))
+    assert same.returncode == 0 and "0 added, 0 removed" in same.stdout, same.stderr[-2000:]
     bad = _run("query", "x", "--mode", "semantic", "--config", str(config))
     assert bad.returncode == 2 and "mode 'semantic' is not one of" in bad.stderr

@@ -105,3 +105,24 @@ def test_neighbors_are_the_previous_and_next_chunks_in_order(store):
     assert [n.chunk_index for n in hit.before] == ([i - 1] if i > 0 else [])
     assert [n.chunk_index for n in hit.after] == ([i + 1] if i + 1 < hit.metadata["total_chunks"] else [])
     assert search("gelcoat hardener", k=1, mode="fulltext", config=store)[0].before == ()
+
+
+def test_versions_list_runs_and_diff_names_edited_added_and_deleted_documents(store, corpus):
+    from query import diff, versions
+
+    (corpus / "guides" / "boat-maintenance.md").write_text(
+        (corpus / "guides" / "boat-maintenance.md").read_text().replace("2% hardener", "3% hardener"))
+    (corpus / "added.md").write_text("# Added\n\nA brand new page about mooring buoys.\n")
+    (corpus / "policies" / "safety-policy.html").unlink()
+    second = ingest(config_path=str(store))
+    runs = versions(config=store)
+    assert [r["run_id"] for r in runs][-1] == second["run_id"] and len(runs) == 2
+    assert all(r["tag"] == r["run_id"] and r["chunks_version"] for r in runs)
+    assert runs[-1]["docs_changed"] == 1 and runs[-1]["docs_deleted"] == 1
+
+    change = diff(runs[0]["run_id"], runs[1]["run_id"], config=store)
+    assert change.documents_added == ["sample:added.md"]
+    assert change.documents_removed == ["sample:policies/safety-policy.html"]
+    assert change.documents_changed == ["sample:guides/boat-maintenance.md"]
+    assert len(change.chunks_added) == second["chunks_added"] and len(change.chunks_removed) == second["chunks_removed"]
+    assert diff(runs[1]["run_id"], runs[1]["run_id"], config=store).documents_changed == []

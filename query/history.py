@@ -1,0 +1,95 @@
+"""The store's history: which runs made which table versions, and what changed between two of them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import lancedb
+
+from schemas.arrow import RUN_COUNTS
+from schemas.config import InletConfig, load_config
+from query.search import DEFAULT_CONFIG, resolve_version
+from schemas.errors import StoreError
+
+_KEYS = ["chunk_id", "doc_id", "text_hash", "enrich_key", "embed_key"]
+
+
+def _config(config: InletConfig | str | Path) -> InletConfig:
+    return config if isinstance(config, InletConfig) else load_config(config)
+
+
+def _table(cfg: InletConfig, name: str) -> lancedb.table.Table | None:
+    db = lancedb.connect(str(cfg.store.uri))
+    listed = db.list_tables()
+    return db.open_table(name) if name in set(getattr(listed, "tables", listed)) else None
+
+
+def versions(config: InletConfig | str | Path = DEFAULT_CONFIG) -> list[dict]:
+    """List the runs, oldest first: id, times, status, the chunks version it tagged, and its counts."""
+    cfg = _config(config)
+    runs, chunks = _table(cfg, "runs"), _table(cfg, cfg.store.chunks_table)
+    if runs is None:
+        return []
+    tags = {name: info["version"] for name, info in chunks.tags.list().items()} if chunks is not None else {}
+    out = []
+    for row in sorted(runs.to_arrow().to_pylist(), key=lambda r: r["started_at"]):
+        table_versions = json.loads(row["versions"] or "{}")
+        out.append({"run_id": row["run_id"], "started_at": row["started_at"], "finished_at": row["finished_at"],
+                    "status": row["status"], "tag": row["run_id"] if row["run_id"] in tags else None,
+                    "chunks_version": tags.get(row["run_id"], table_versions.get(cfg.store.chunks_table)),
+                    "versions": table_versions,
+                    **{k: row.get(k) for k in RUN_COUNTS}})
+    return out
+
+
+@dataclass
+class Diff:
+    """What changed in the chunks table between two versions."""
+
+    old_version: int
+    new_version: int
+    documents_added: list[str] = field(default_factory=list)
+    documents_removed: list[str] = field(default_factory=list)
+    documents_changed: list[str] = field(default_factory=list)  # chunks added, removed or re-enriched/re-embedded
+    chunks_added: list[str] = field(default_factory=list)
+    chunks_removed: list[str] = field(default_factory=list)
+    chunks_changed: list[str] = field(default_factory=list)  # same id, new enrichment or vector
+
+
+def _snapshot(table: lancedb.table.Table, version: int) -> dict[str, dict]:
+    table.checkout(version)
+    rows = table.search().select(_KEYS).limit(None).to_arrow().to_pylist()
+    return {r["chunk_id"]: r for r in rows}
+
+
+def diff_snapshots(old: dict[str, dict], new: dict[str, dict], old_version: int, new_version: int) -> Diff:
+    """Compare two {chunk_id: keys} snapshots of the chunks table."""
+    result = Diff(old_version, new_version)
+    result.chunks_added = sorted(new.keys() - old.keys())
+    result.chunks_removed = sorted(old.keys() - new.keys())
+    result.chunks_changed = sorted(c for c in new.keys() & old.keys()
+                                   if (new[c]["enrich_key"], new[c]["embed_key"]) != (old[c]["enrich_key"],
+                                                                                      old[c]["embed_key"]))
+    old_docs = {r["doc_id"] for r in old.values()}
+    new_docs = {r["doc_id"] for r in new.values()}
+    touched = {new[c]["doc_id"] for c in result.chunks_added + result.chunks_changed}
+    touched |= {old[c]["doc_id"] for c in result.chunks_removed}
+    result.documents_added = sorted(new_docs - old_docs)
+    result.documents_removed = sorted(old_docs - new_docs)
+    result.documents_changed = sorted(touched & old_docs & new_docs)
+    return result
+
+
+def diff(a: int | str | datetime, b: int | str | datetime,
+         config: InletConfig | str | Path = DEFAULT_CONFIG) -> Diff:
+    """Say which documents and chunks were added, removed or changed from a to b (versions, run tags or times)."""
+    cfg = _config(config)
+    table = _table(cfg, cfg.store.chunks_table)
+    if table is None:
+        msg = f"no '{cfg.store.chunks_table}' table in {cfg.store.uri}: run `inlet ingest` first"
+        raise StoreError(msg)
+    old_version, new_version = resolve_version(table, a), resolve_version(table, b)
+    return diff_snapshots(_snapshot(table, old_version), _snapshot(table, new_version), old_version, new_version)
