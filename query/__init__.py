@@ -2,6 +2,8 @@
 
 import providers  # noqa: F401 - offline switches before any model library loads
 from query.history import Diff, diff, versions
+from query.prompt import build_prompt, build_related_questions_prompt
 from query.search import Citation, Neighbor, SearchResult, SearchResults, search
 
-__all__ = ["Citation", "Diff", "Neighbor", "SearchResult", "SearchResults", "diff", "search", "versions"]
+__all__ = ["Citation", "Diff", "Neighbor", "SearchResult", "SearchResults", "build_prompt",
+           "build_related_questions_prompt", "diff", "search", "versions"]
