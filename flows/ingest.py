@@ -77,7 +77,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
                          cfg.pricing, store, table, run_dir, str(cfg.store.artifacts / BATCH_JOBS_DIR))
     loaded = clock.run("upsert", upsert_stage, documents, extracted, embedded["path"], store_uri=store,
                        chunks_table=table, dim=dim, settings_fp=settings_fp, run_id=run_id, now=started,
-                       fulltext_index=cfg.query.fulltext_index)
+                       fulltext_index=cfg.query.fulltext_index, ann_min_rows=cfg.query.ann_min_rows)
     summary = report_stage(documents, extracted, embedded["path"], loaded, usage=enriched["usage"] | embedded["usage"],
                            dim=dim, store_uri=store, run_id=run_id,
                            started=started, finished=datetime.now(UTC), config_fp=cfg.fingerprint(),

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
 import lancedb
-from lancedb.index import FTS
+from lancedb.index import FTS, HnswSq
 import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
@@ -49,7 +49,7 @@ class LoadResult:
     chunks_written: int = 0
     docs_quarantined: int = 0
     versions: dict[str, int] = field(default_factory=dict)
-    fulltext: dict[str, int] = field(default_factory=dict)  # index coverage: indexed and unindexed rows
+    indexes: dict[str, dict[str, int]] = field(default_factory=dict)  # per index: indexed and unindexed rows
 
 
 # --- pure: build the rows to commit ----------------------------------------------------------
@@ -180,20 +180,31 @@ def commit_documents(db: lancedb.DBConnection, rows: pa.Table, deleted: list[str
 MAX_UNINDEXED = 5_000
 
 
-def refresh_fulltext_index(table: lancedb.table.Table) -> dict[str, int]:
-    """Create the chunk-text full-text index, or fold unindexed rows into it; return its coverage."""
-    indexes = {i.index_type: i for i in table.list_indices()}
-    if "FTS" not in indexes:
-        if table.count_rows() == 0:
-            return {"indexed": 0, "unindexed": 0}
+def _unindexed(table: lancedb.table.Table, column: str) -> tuple[str | None, int, int]:
+    index = next((i for i in table.list_indices() if list(i.columns) == [column]), None)
+    if index is None:
+        return None, 0, 0
+    stats = table.index_stats(index.name)
+    return index.name, stats.num_indexed_rows, stats.num_unindexed_rows
+
+
+def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows: int) -> dict[str, dict[str, int]]:
+    """Create the full-text index and, past ann_min_rows, the ANN vector index; fold new rows in; return coverage."""
+    rows = table.count_rows()
+    if rows == 0:
+        return {}
+    if fulltext and _unindexed(table, "text")[0] is None:
         table.create_index("text", config=FTS(with_position=False), replace=True)
-        indexes = {i.index_type: i for i in table.list_indices()}
-    stats = table.index_stats(indexes["FTS"].name)
-    if stats.num_unindexed_rows > MAX_UNINDEXED:
+    if rows >= ann_min_rows and _unindexed(table, "vector")[0] is None:
+        # HNSW graphs inside IVF partitions with 8-bit scalar quantisation: high recall without a refine step.
+        table.create_index("vector", config=HnswSq(distance_type="cosine"), replace=True)
+    columns = {"fulltext": "text", "vector": "vector"}
+    coverage = {name: _unindexed(table, column) for name, column in columns.items()}
+    if any(name and unindexed > MAX_UNINDEXED for name, _, unindexed in coverage.values()):
         # No pruning here: old versions are what as_of reads; the maintenance flow decides their retention.
         table.optimize(cleanup_older_than=timedelta(days=36_500))
-        stats = table.index_stats(indexes["FTS"].name)
-    return {"indexed": stats.num_indexed_rows, "unindexed": stats.num_unindexed_rows}
+        coverage = {name: _unindexed(table, column) for name, column in columns.items()}
+    return {name: {"indexed": n, "unindexed": u} for name, (index, n, u) in coverage.items() if index}
 
 
 def tag_version(table: lancedb.table.Table, tag: str) -> None:
@@ -208,7 +219,7 @@ def _ids(table: pa.Table, mask: pa.ChunkedArray) -> list[str]:
 
 def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extracted: pa.Table,
          embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime,
-         fulltext_index: bool = True) -> LoadResult:
+         fulltext_index: bool = True, ann_min_rows: int = 100_000) -> LoadResult:
     """Commit one run: chunks, then documents, then the quarantine list; tag the chunks version."""
     known = known_documents(db)
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
@@ -223,9 +234,9 @@ def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extra
     q_version = upsert_keyed(db, QUARANTINE, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
     table = open_table(db, chunks_table)
     if table is not None:
-        if fulltext_index:  # before the tag, so that the run's tagged version carries a current index
-            result.fulltext = refresh_fulltext_index(table)
-            chunks_version = table.version
+        # Before the tag, so that the run's tagged version carries current indexes.
+        result.indexes = refresh_indexes(table, fulltext=fulltext_index, ann_min_rows=ann_min_rows)
+        chunks_version = table.version
         tag_version(table, run_id)
     result.versions = {k: v for k, v in {chunks_table: chunks_version, DOCUMENTS: docs_version,
                                          QUARANTINE: q_version}.items() if v is not None}
@@ -235,13 +246,14 @@ def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extra
 @stage("upsert")
 def upsert_stage(documents_path: str, extracted_path: str, embedded_path: str, *, store_uri: str,
                  chunks_table: str, dim: int, settings_fp: str, run_id: str, now: datetime,
-                 fulltext_index: bool = True) -> dict:
+                 fulltext_index: bool = True, ann_min_rows: int = 100_000) -> dict:
     """Commit the run's chunks and documents to LanceDB."""
     result = load(
         connect(store_uri), chunks_table,
         read_artifact(documents_path, DOCUMENTS_SCHEMA), read_artifact(extracted_path, EXTRACTED_SCHEMA),
         read_artifact(embedded_path, embedded_chunks_schema(dim)),
         dim=dim, settings_fp=settings_fp, run_id=run_id, now=now, fulltext_index=fulltext_index,
+        ann_min_rows=ann_min_rows,
     )
     get_run_logger().info("chunks: %d added, %d removed, %d reused, %d rows written", result.chunks_added,
                           result.chunks_removed, result.chunks_reused, result.chunks_written)

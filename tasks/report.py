@@ -100,4 +100,4 @@ def report_stage(documents_path: str, extracted_path: str, embedded_path: str, l
     for notice in notices:
         logger.warning(notice)
     return {"run_id": run_id, **summary, "stage_seconds": stage_seconds, "versions": load["versions"],
-            "fulltext_index": load.get("fulltext", {}), "notices": notices}
+            "indexes": load.get("indexes", {}), "notices": notices}

@@ -75,7 +75,7 @@ def test_fulltext_finds_exact_terms_and_hybrid_fuses_both_rankings(store):
 def test_fulltext_finds_a_row_added_after_the_index_was_built(store, corpus):
     (corpus / "new-note.md").write_text("# Note\n\nThe zanzibar tide gauge was recalibrated on Tuesday.\n")
     summary = ingest(config_path=str(store))
-    assert summary["docs_new"] == 1 and summary["fulltext_index"]["indexed"] > 0
+    assert summary["docs_new"] == 1 and summary["indexes"]["fulltext"]["indexed"] > 0
     table = lancedb.connect(str(load_config(store).store.uri)).open_table("chunks")
     assert table.index_stats("text_idx").num_unindexed_rows >= 1, "the new row is not in the index yet"
     assert search("zanzibar", k=1, mode="fulltext", config=store)[0].doc_id == "sample:new-note.md"
@@ -126,3 +126,21 @@ def test_versions_list_runs_and_diff_names_edited_added_and_deleted_documents(st
     assert change.documents_changed == ["sample:guides/boat-maintenance.md"]
     assert len(change.chunks_added) == second["chunks_added"] and len(change.chunks_removed) == second["chunks_removed"]
     assert diff(runs[1]["run_id"], runs[1]["run_id"], config=store).documents_changed == []
+
+
+def test_ann_index_is_built_past_the_size_threshold_and_reports_its_coverage(tmp_path, write_config):
+    corpus = tmp_path / "many"
+    corpus.mkdir()
+    words = "tide mooring engine gelcoat halyard spinnaker regatta buoy anchor winch rudder keel".split()
+    for i in range(70):
+        sections = "\n\n".join(f"## Part {j}\n\n{words[(i + j) % 12]} notes {i}-{j}: " + " ".join(
+            words[(i * j + n) % 12] for n in range(30)) for j in range(5))
+        (corpus / f"doc{i:03d}.md").write_text(f"# Doc {i}\n\n{sections}\n")
+    config = write_config(corpus, query={"ann_min_rows": 256})
+    summary = ingest(config_path=str(config))
+    assert summary["chunks_added"] >= 256
+    assert summary["indexes"]["vector"] == {"indexed": summary["chunks_added"], "unindexed": 0}
+    table = lancedb.connect(str(load_config(config).store.uri)).open_table("chunks")
+    assert any(list(i.columns) == ["vector"] for i in table.list_indices())
+    hit = search("doc 7 part 3 notes 7-3", k=1, mode="fulltext", config=config)[0]
+    assert search(hit.text, k=1, mode="vector", config=config)[0].chunk_id == hit.chunk_id
