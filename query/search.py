@@ -274,6 +274,9 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
         return vector[0]
 
     guard = clearance_clause(clearance)
+    if "expires_at" in table.schema.names:  # tables from before expiry support have no such column
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        guard += f" AND (expires_at IS NULL OR expires_at > TIMESTAMP '{now}')"
     filters = where_clause(where)
     clause = f"({guard}) AND ({filters})" if filters else guard
     hits = _ranked(table, text, mode, clause, k, cfg.query, embed)

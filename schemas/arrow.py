@@ -15,6 +15,7 @@ _METADATA_FIELDS = [
     pa.field("access_level", pa.string(), nullable=False),
     pa.field("language", pa.string()),
     pa.field("extra", pa.string()),  # JSON object of the source's free fields (subject, grade, ...)
+    pa.field("expires_at", pa.timestamp("us", tz="UTC")),  # search leaves the document out after this
 ]
 
 # crawl -> listing: every file a source currently holds.

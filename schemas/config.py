@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, date, datetime
 import json
 from enum import StrEnum
 from pathlib import Path
@@ -35,6 +36,17 @@ class SourceMetadata(BaseModel):
         "public", description="Who may read it: public < internal < restricted < confidential."
     )
     language: str | None = Field(None, description="ISO 639-1 code of the documents' language.")
+    expires_at: datetime | None = Field(None, description="After this moment (a date means its midnight UTC) the "
+                                        "documents are no longer returned by search.")
+
+    @field_validator("expires_at", mode="before")
+    @classmethod
+    def _date_is_midnight_utc(cls, value: object) -> object:
+        if isinstance(value, date) and not isinstance(value, datetime):
+            return datetime(value.year, value.month, value.day, tzinfo=UTC)
+        if isinstance(value, datetime) and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
 
     def extra_fields(self) -> dict[str, Scalar]:
         """Return the free fields (everything but the named ones)."""

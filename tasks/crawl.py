@@ -24,7 +24,10 @@ def metadata_fields(src: SourceConfig) -> dict:
     meta = src.metadata
     fields = {"doc_type": meta.doc_type, "tags": list(meta.tags), "access_level": meta.access_level,
               "language": meta.language, "extra": json.dumps(meta.extra_fields(), sort_keys=True)}
+    if meta.expires_at is not None:  # only when set, so that stores from before the field keep their hashes
+        fields["expires_at"] = meta.expires_at.isoformat()
     fields["meta_hash"] = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    fields["expires_at"] = meta.expires_at
     return fields
 
 

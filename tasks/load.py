@@ -30,13 +30,14 @@ from tasks.store import (
     DOCUMENTS,
     QUARANTINE,
     connect,
+    ensure_columns,
     known_documents,
     open_table,
     select_where_in,
     sql_list,
 )
 
-_DOC_FIELDS = ["source", "title", "uri", "doc_type", "tags", "access_level", "language", "extra"]
+_DOC_FIELDS = ["source", "title", "uri", "doc_type", "tags", "access_level", "language", "extra", "expires_at"]
 
 
 @dataclass
@@ -129,6 +130,7 @@ def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table, scope: li
         result.chunks_added = result.chunks_written = rows.num_rows
         return table.version
     _check_vectors(table, dim)
+    ensure_columns(table, chunk_rows_schema(dim))
     if not scope:
         return table.version
     where = f"doc_id IN ({sql_list(scope)})"
@@ -154,6 +156,7 @@ def upsert_keyed(db: lancedb.DBConnection, name: str, key: str, rows: pa.Table, 
         if rows.num_rows == 0:
             return None
         return db.create_table(name, conform(rows, schema), schema=schema).version
+    ensure_columns(table, schema)
     if delete_ids:
         # Only ids the table holds: a delete that matches nothing would still cost a commit.
         present = select_where_in(table, key, delete_ids, [key], schema)[key].to_pylist()

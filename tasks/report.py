@@ -23,7 +23,7 @@ from tasks.artifacts import read_artifact, write_artifact
 from tasks.enrich import failed_enrichments
 from tasks.refresh import refresh_ids
 from tasks.stage import stage
-from tasks.store import RUNS, connect, open_table
+from tasks.store import RUNS, connect, ensure_columns, open_table
 
 
 def _true(column: pa.ChunkedArray) -> int:
@@ -73,9 +73,7 @@ def open_runs_table(db: lancedb.DBConnection, row: pa.Table) -> lancedb.table.Ta
     table = open_table(db, RUNS)
     if table is None:
         return db.create_table(RUNS, schema=RUNS_SCHEMA)
-    missing = [pa.field(f.name, f.type, nullable=True) for f in RUNS_SCHEMA if f.name not in table.schema.names]
-    if missing:
-        table.add_columns(missing)
+    ensure_columns(table, RUNS_SCHEMA)
     return table
 
 

@@ -50,9 +50,17 @@ def select_where_in(table: lancedb.table.Table | None, column: str, values: Iter
     return pa.concat_tables([conform(p, parts[0].schema) for p in parts])
 
 
+def ensure_columns(table: lancedb.table.Table, schema: pa.Schema) -> None:
+    """Add the columns of schema that a table written by an older Inlet lacks (null in its old rows)."""
+    missing = [pa.field(f.name, f.type, nullable=True) for f in schema if f.name not in table.schema.names]
+    if missing:
+        table.add_columns(missing)
+
+
 def known_documents(db: lancedb.DBConnection) -> pa.Table:
     """Return every row of the documents table (no vectors: it stays small)."""
     table = open_table(db, DOCUMENTS)
     if table is None:
         return DOCUMENT_ROWS_SCHEMA.empty_table()
+    ensure_columns(table, DOCUMENT_ROWS_SCHEMA)
     return conform(table.to_arrow(), DOCUMENT_ROWS_SCHEMA)

@@ -144,3 +144,32 @@ def test_ann_index_is_built_past_the_size_threshold_and_reports_its_coverage(tmp
     assert any(list(i.columns) == ["vector"] for i in table.list_indices())
     hit = search("doc 7 part 3 notes 7-3", k=1, mode="fulltext", config=config)[0]
     assert search(hit.text, k=1, mode="vector", config=config)[0].chunk_id == hit.chunk_id
+
+
+def test_expired_documents_are_left_out_of_every_mode(tmp_path, corpus, write_config):
+    old, fresh = tmp_path / "old", tmp_path / "fresh"
+    for folder, word in ((old, "obsolete"), (fresh, "current")):
+        folder.mkdir()
+        (folder / "notice.md").write_text(f"# Notice\n\nThe {word} marina opening hours notice for quokka sailors.\n")
+    config = write_config(corpus, sources=[
+        {"name": "old", "path": str(old), "metadata": {"expires_at": "2020-01-01"}},
+        {"name": "fresh", "path": str(fresh), "metadata": {"expires_at": "2999-01-01T00:00:00Z"}},
+    ])
+    ingest(config_path=str(config))
+    for mode in ("vector", "fulltext", "hybrid"):
+        assert {h.doc_id for h in search("quokka sailors opening hours", k=5, mode=mode, config=config)} == {
+            "fresh:notice.md"}, mode
+
+
+def test_a_store_written_before_new_columns_gains_them_and_keeps_working(store, corpus):
+    db = lancedb.connect(str(load_config(store).store.uri))
+    for name in ("chunks", "documents"):
+        old = db.open_table(name).to_arrow().drop_columns(["expires_at"])
+        db.drop_table(name)
+        db.create_table(name, old)
+    guide = corpus / "guides" / "boat-maintenance.md"
+    guide.write_text(guide.read_text().replace("2% hardener", "3% hardener"))
+    summary = ingest(config_path=str(store))
+    assert summary["docs_changed"] == 1 and summary["docs_new"] == 0, "no document reprocessed for the new column"
+    assert "expires_at" in db.open_table("chunks").schema.names
+    assert "3% hardener" in search("gelcoat hardener", k=1, mode="fulltext", config=store)[0].text
