@@ -160,5 +160,33 @@ def diff(
                   f"{len(change.chunks_changed)} re-enriched or re-embedded")
 
 
+@app.command(name="eval")
+def eval_(
+    dataset: Annotated[Path, typer.Argument(help="A BEIR folder (corpus.jsonl, queries.jsonl, qrels/test.tsv) "
+                                                 "or a CSV with columns question and gold.")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: Annotated[Path | None, typer.Option(help="Where the eval stores live (default: beside the runs).")] = None,
+    sweep: Annotated[list[str] | None, typer.Option(help="Hybrid weights to try, VECTOR:FULLTEXT (repeatable).")] = None,
+) -> None:
+    """Measure recall@10, MRR@10 and nDCG@10 of every search mode on a judged dataset."""
+    from rich.table import Table
+
+    from flows.eval import evaluate
+
+    try:
+        weights = [tuple(float(x) for x in w.split(":")) for w in sweep or []]
+        report = evaluate(dataset=str(dataset), config_path=str(config), workdir=str(workdir) if workdir else None,
+                          sweep=weights or None)
+    except (InletError, ValueError) as exc:
+        _fail(exc)
+    table = Table("variant", "mode", "weights", "recall@10", "MRR@10", "nDCG@10", title=f"{report['dataset']}, "
+                  f"{report['queries']} queries")
+    for r in report["results"]:
+        table.add_row(r["variant"], r["mode"], str(r["weights"] or ""), f"{r['recall@10']:.3f}",
+                      f"{r['mrr@10']:.3f}", f"{r['ndcg@10']:.3f}")
+    _console().print(table)
+    typer.echo(f"written to {report['path']}")
+
+
 if __name__ == "__main__":
     app()

@@ -181,9 +181,14 @@ def _result(row: dict, score: float) -> SearchResult:
 
 
 def fuse(rankings: list[tuple[float, list[str]]], rrf_k: int) -> dict[str, float]:
-    """Weighted reciprocal rank fusion: each id scores the sum of weight / (rrf_k + rank) over the rankings."""
+    """Weighted reciprocal rank fusion: each id scores the sum of weight / (rrf_k + rank) over the rankings.
+
+    A ranking weighted 0 contributes no candidates at all, so fusion can reduce to one side exactly.
+    """
     scores: dict[str, float] = {}
     for weight, ids in rankings:
+        if weight <= 0:
+            continue
         for rank, chunk_id in enumerate(ids, 1):
             scores[chunk_id] = scores.get(chunk_id, 0.0) + weight / (rrf_k + rank)
     return scores
