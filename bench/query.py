@@ -1,0 +1,164 @@
+"""Benchmark: search latency by mode at 100k and 1M chunks, and recall@10 of the ANN index against exact search.
+
+    .venv/bin/python bench/query.py                     # 100k and 1M chunks, 200 queries per mode
+    .venv/bin/python bench/query.py --sizes 100000 --queries 50
+
+A chunks table with Inlet's schema is written with synthetic 384-d vectors (a mixture of 2,000
+clusters, the shape real embeddings have) and texts cycled from ../shared/corpora/markdown
+paragraphs (a numbered suffix keeps rows apart), then indexed the way the upsert does it
+(full-text index; IVF-HNSW-SQ vector index). Queries go through query.search() itself, with the
+table's own (hashing) embedder, so the figures include Inlet's own work per query. Recall@10:
+the ANN answer against an exact scan for perturbed data points as queries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import providers  # noqa: E402,F401 - offline switches first
+from query.search import search  # noqa: E402
+from schemas.arrow import chunk_rows_schema  # noqa: E402
+from tasks.load import refresh_indexes  # noqa: E402
+
+DIM = 384
+CORPUS = ROOT.parent / "shared" / "corpora" / "markdown"
+RESULTS = ROOT / "bench" / "results"
+
+
+def paragraphs(limit: int = 20_000) -> list[str]:
+    """Real paragraphs to use as chunk texts and queries."""
+    root = CORPUS if CORPUS.is_dir() else ROOT / "data" / "sample"
+    out = []
+    for path in sorted(root.rglob("*.md")):
+        out += [p.strip()[:1200] for p in path.read_text(encoding="utf-8", errors="replace").split("\n\n")
+                if len(p.strip()) > 80]
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+def synthetic_batch(start: int, n: int, centres: np.ndarray, texts: list[str], rng: np.random.Generator) -> pa.Table:
+    """n chunk rows with clustered unit vectors and real texts."""
+    ids = np.arange(start, start + n)
+    vectors = centres[rng.integers(0, len(centres), n)] + rng.normal(scale=0.35, size=(n, DIM)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    text = [f"{texts[i % len(texts)]} (part {i})" for i in ids]
+    col = lambda v: pa.array([v] * n)  # noqa: E731 - a constant column
+    return pa.table({
+        "chunk_id": pa.array([f"c{i}" for i in ids]), "doc_id": pa.array([f"bench:doc{i // 8}.md" for i in ids]),
+        "chunk_index": pa.array(ids % 8, pa.int32()), "total_chunks": col(8).cast(pa.int32()),
+        "prev_chunk_id": pa.nulls(n, pa.string()), "next_chunk_id": pa.nulls(n, pa.string()),
+        "heading_path": pa.array([["Bench"]] * n, pa.list_(pa.string())), "text": pa.array(text, pa.large_string()),
+        "text_hash": pa.array([f"h{i}" for i in ids]), "token_count": col(100).cast(pa.int32()),
+        "page_start": pa.nulls(n, pa.int32()), "page_end": pa.nulls(n, pa.int32()),
+        "enrichment": pa.nulls(n, pa.large_string()), "enricher": pa.nulls(n, pa.string()),
+        "enrich_key": pa.nulls(n, pa.string()), "embed_key": pa.array([f"e{i}" for i in ids]),
+        "embedder": col(f"hashing-v1:dim={DIM}"), "truncated": col(False),
+        "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), DIM),
+        "source": col("bench"), "title": col("Bench document"), "uri": pa.array([f"file:///doc{i // 8}" for i in ids]),
+        "doc_type": col("bench"), "tags": pa.array([["bench"]] * n, pa.list_(pa.string())),
+        "access_level": pa.array(np.where(ids % 10 == 0, "internal", "public")), "language": col("en"),
+        "extra": col("{}"), "expires_at": pa.nulls(n, pa.timestamp("us", tz="UTC")), "run_id": col("bench"),
+    })
+
+
+def build(store: Path, size: int, texts: list[str], seed: int = 1) -> tuple[float, float]:
+    """Write size rows in batches and index them; return (write seconds, index seconds)."""
+    import lancedb
+
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(2_000, DIM)).astype(np.float32)
+    db = lancedb.connect(str(store))
+    start = time.perf_counter()
+    table = None
+    for begin in range(0, size, 100_000):
+        batch = synthetic_batch(begin, min(100_000, size - begin), centres, texts, rng)
+        batch = batch.select(chunk_rows_schema(DIM).names).cast(chunk_rows_schema(DIM))
+        table = db.create_table("chunks", batch) if table is None else table
+        if begin:
+            table.add(batch)
+    written = time.perf_counter() - start
+    refresh_indexes(table, fulltext=True, ann_min_rows=min(size, 100_000))
+    return written, time.perf_counter() - start - written
+
+
+def latencies(config: Path, queries: list[str], mode: str) -> list[float]:
+    """Milliseconds per search() call, after one warm-up call."""
+    search(queries[0], k=10, mode=mode, config=config)
+    out = []
+    for q in queries:
+        start = time.perf_counter()
+        search(q, k=10, mode=mode, config=config)
+        out.append((time.perf_counter() - start) * 1000)
+    return out
+
+
+def ann_recall(store: Path, n_queries: int, seed: int = 2) -> float:
+    """Mean overlap of the ANN top 10 with the exact top 10, for perturbed stored vectors as queries."""
+    import lancedb
+
+    table = lancedb.connect(str(store)).open_table("chunks")
+    rng = np.random.default_rng(seed)
+    sample = table.search().select(["vector"]).limit(n_queries * 50).to_arrow()["vector"].to_pylist()
+    picks = [np.asarray(sample[i], dtype=np.float32) for i in rng.choice(len(sample), n_queries, replace=False)]
+    overlap = []
+    for v in picks:
+        q = v + rng.normal(scale=0.05, size=DIM).astype(np.float32)
+        ann = table.search(q).distance_type("cosine").limit(10).select(["chunk_id"]).to_arrow()["chunk_id"]
+        exact = (table.search(q).distance_type("cosine").bypass_vector_index().limit(10).select(["chunk_id"])
+                 .to_arrow()["chunk_id"])
+        overlap.append(len(set(ann.to_pylist()) & set(exact.to_pylist())) / 10)
+    return statistics.mean(overlap)
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile of values."""
+    return float(np.percentile(values, q * 100))
+
+
+def main() -> None:
+    """Build each size, time each mode, measure ANN recall; print a table and write bench/results/query.json."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--queries", type=int, default=200)
+    args = parser.parse_args()
+    texts = paragraphs()
+    rng = np.random.default_rng(3)
+    queries = [" ".join(t.split()[:8]) for t in (texts[i] for i in rng.choice(len(texts), args.queries))]
+    results = []
+    print(f"{'chunks':>9} {'mode':>9} {'p50 ms':>8} {'p95 ms':>8} | build: write s, index s | ANN recall@10")
+    for size in args.sizes:
+        with tempfile.TemporaryDirectory(dir=ROOT.parent if (ROOT.parent / "shared").exists() else None) as tmp:
+            store = Path(tmp) / "lancedb"
+            written, indexed = build(store, size, texts)
+            config = Path(tmp) / "inlet.yaml"
+            config.write_text(yaml.safe_dump({"sources": [{"name": "bench", "path": tmp}],
+                                              "embedding": {"kind": "hashing", "dim": DIM},
+                                              "store": {"uri": str(store), "artifacts": str(Path(tmp) / "runs")}}))
+            recall = ann_recall(store, 100)
+            for mode in ("vector", "fulltext", "hybrid"):
+                ms = latencies(config, queries, mode)
+                row = {"chunks": size, "mode": mode, "p50_ms": pct(ms, 0.5), "p95_ms": pct(ms, 0.95),
+                       "write_s": written, "index_s": indexed, "ann_recall_at_10": recall}
+                results.append(row)
+                print(f"{size:>9} {mode:>9} {row['p50_ms']:>8.1f} {row['p95_ms']:>8.1f} | "
+                      f"{written:.0f} s, {indexed:.0f} s | {recall:.3f}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "query.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
