@@ -117,8 +117,8 @@ def ann_recall(store: Path, n_queries: int, seed: int = 2) -> float:
     overlap = []
     for v in picks:
         q = v + rng.normal(scale=0.05, size=DIM).astype(np.float32)
-        ann = table.search(q).distance_type("cosine").limit(10).select(["chunk_id"]).to_arrow()["chunk_id"]
-        exact = (table.search(q).distance_type("cosine").bypass_vector_index().limit(10).select(["chunk_id"])
+        ann = table.search(q).distance_type("cosine").limit(10).select(["chunk_id", "_distance"]).to_arrow()["chunk_id"]
+        exact = (table.search(q).distance_type("cosine").bypass_vector_index().limit(10).select(["chunk_id", "_distance"])
                  .to_arrow()["chunk_id"])
         overlap.append(len(set(ann.to_pylist()) & set(exact.to_pylist())) / 10)
     return statistics.mean(overlap)

@@ -48,6 +48,7 @@ class HashingEmbedder:
     def __init__(self, dim: int = 384) -> None:
         self.dim = dim
         self.fingerprint = f"hashing-v1:dim={dim}"
+        self.languages: frozenset[str] | None = None  # token hashing reads any language alike
 
     @functools.lru_cache(maxsize=1 << 18)  # noqa: B019 - embedder instances live for a whole run
     def _feature(self, word: str) -> int:
@@ -90,6 +91,7 @@ class MiniLMEmbedder:
             msg = f"bundled MiniLM reads {self.max_tokens} word pieces, expected {MINILM_MAX_SEQ}"
             raise RuntimeError(msg)
         self.fingerprint = MINILM_FINGERPRINT
+        self.languages: frozenset[str] | None = frozenset({"en"})  # trained on English only
 
     def embed(self, texts: list[str], titles: list[str | None] | None = None) -> np.ndarray:  # noqa: ARG002
         """Return MiniLM sentence vectors (titles are not part of the input)."""

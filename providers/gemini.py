@@ -58,6 +58,7 @@ class GeminiEmbedder:
         self.dim = dim
         self.fingerprint = f"gemini:{model}:dim={dim}:task={task_type}"
         self.uses_titles = task_type == "RETRIEVAL_DOCUMENT"
+        self.languages: frozenset[str] | None = None  # multilingual
 
     def _request(self, texts: list[str], title: str | None) -> np.ndarray:
         config = types.EmbedContentConfig(task_type=self._task, output_dimensionality=self.dim,

@@ -208,21 +208,65 @@ def _fulltext_rows(table: lancedb.table.Table, text: str, clause: str, limit: in
     return query.select([*_SELECT, "_score"]).limit(limit).to_arrow().to_pylist()
 
 
+def query_language(text: str) -> str | None:
+    """Return the query's language when langdetect is sure of it (0.9), else None; short queries stay unknown."""
+    if len(text.split()) < 3:
+        return None
+    from langdetect import DetectorFactory, LangDetectException, detect_langs
+
+    DetectorFactory.seed = 0  # the same answer for the same text
+    try:
+        best = detect_langs(text)[0]
+    except LangDetectException:
+        return None
+    return best.lang.split("-")[0] if best.prob >= 0.9 else None
+
+
+def vector_share(languages: frozenset[str] | None, query_lang: str | None,
+                 doc_langs: list[str | None]) -> tuple[float, str | None]:
+    """How much of its weight the vector side keeps, given what the embedder covers; and why, when less than all.
+
+    Nothing when the query is in a language the embedder does not read; otherwise the share of the
+    full-text candidates (of known language) that it reads.
+    """
+    if languages is None:
+        return 1.0, None
+    if query_lang is not None and query_lang not in languages:
+        return 0.0, (f"the embedder reads {', '.join(sorted(languages))}, not the query's language ({query_lang}): "
+                     "the vector side was skipped")
+    known = [lang for lang in doc_langs if lang]
+    if not known:
+        return 1.0, None
+    share = sum(lang in languages for lang in known) / len(known)
+    if share == 1.0:
+        return 1.0, None
+    return share, (f"{1 - share:.0%} of the full-text candidates are in languages the embedder does not read "
+                   f"({', '.join(sorted(set(known) - languages))}): the vector side was weighted {share:.2f}")
+
+
 def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: int, qcfg: QueryConfig,
-            embed: Callable[[], list[float]]) -> list[SearchResult]:
+            embed: Callable[[], list[float]], languages: frozenset[str] | None = None,
+            ) -> tuple[list[SearchResult], list[str]]:
     if mode == "vector":
         # Cosine distance on unit vectors: 1 - distance is the cosine similarity.
-        return [_result(r, 1.0 - float(r["_distance"])) for r in _vector_rows(table, embed(), clause, k)]
+        hits = [_result(r, 1.0 - float(r["_distance"])) for r in _vector_rows(table, embed(), clause, k)]
+        lang = query_language(text) if languages is not None else None
+        uncovered = lang is not None and lang not in languages
+        return hits, ([f"the embedder reads {', '.join(sorted(languages))}, not the query's language ({lang}): "
+                       "try mode fulltext or hybrid"] if uncovered else [])
     if mode == "fulltext":
-        return [_result(r, float(r["_score"])) for r in _fulltext_rows(table, text, clause, k)]
+        return [_result(r, float(r["_score"])) for r in _fulltext_rows(table, text, clause, k)], []
     depth = k * qcfg.candidates
-    dense = _vector_rows(table, embed(), clause, depth) if qcfg.vector_weight > 0 else []
     sparse = _fulltext_rows(table, text, clause, depth) if qcfg.fulltext_weight > 0 else []
+    share, why = vector_share(languages, query_language(text) if languages is not None else None,
+                              [r["language"] for r in sparse])
+    weight = qcfg.vector_weight * share
+    dense = _vector_rows(table, embed(), clause, depth) if weight > 0 else []
     rows = {r["chunk_id"]: r for r in [*sparse, *dense]}
-    scores = fuse([(qcfg.vector_weight, [r["chunk_id"] for r in dense]),
+    scores = fuse([(weight, [r["chunk_id"] for r in dense]),
                    (qcfg.fulltext_weight, [r["chunk_id"] for r in sparse])], qcfg.rrf_k)
     best = sorted(scores, key=lambda c: (-scores[c], c))[:k]
-    return [_result(rows[c], scores[c]) for c in best]
+    return [_result(rows[c], scores[c]) for c in best], [why] if why else []
 
 
 def _with_neighbors(table: lancedb.table.Table, hits: list[SearchResult], n: int) -> list[SearchResult]:
@@ -284,9 +328,13 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
         guard += f" AND (expires_at IS NULL OR expires_at > TIMESTAMP '{now}')"
     filters = where_clause(where)
     clause = f"({guard}) AND ({filters})" if filters else guard
-    hits = _ranked(table, text, mode, clause, k, cfg.query, embed)
-    notices = []
+    languages = None
+    if mode != "fulltext":
+        table_fp = _table_embedder(table)
+        embedder = embedder or query_embedder(table_fp, cfg.embedding)
+        languages = getattr(embedder, "languages", None)
+    hits, notices = _ranked(table, text, mode, clause, k, cfg.query, embed, languages)
     if not hits and filters and fallback:
-        hits = _ranked(table, text, mode, guard, k, cfg.query, embed)
-        notices.append(f"nothing matched the filters ({filters}); these results ignore them")
+        hits, more = _ranked(table, text, mode, guard, k, cfg.query, embed, languages)
+        notices += [f"nothing matched the filters ({filters}); these results ignore them", *more]
     return SearchResults(_with_neighbors(table, hits, neighbors), notices)

@@ -173,3 +173,41 @@ def test_a_store_written_before_new_columns_gains_them_and_keeps_working(store, 
     assert summary["docs_changed"] == 1 and summary["docs_new"] == 0, "no document reprocessed for the new column"
     assert "expires_at" in db.open_table("chunks").schema.names
     assert "3% hardener" in search("gelcoat hardener", k=1, mode="fulltext", config=store)[0].text
+
+
+def test_vector_share_follows_what_the_embedder_reads():
+    from query.search import vector_share
+
+    en = frozenset({"en"})
+    assert vector_share(None, "ar", ["ar"]) == (1.0, None)
+    share, why = vector_share(en, "ar", ["en"])
+    assert share == 0.0 and "not the query's language (ar)" in why
+    assert vector_share(en, "en", ["en", None]) == (1.0, None)
+    share, why = vector_share(en, None, ["ar", "ar", "en", "en"])
+    assert share == 0.5 and "50% of the full-text candidates" in why
+
+
+def test_hybrid_skips_the_vector_side_for_a_language_the_embedder_does_not_read(tmp_path, corpus, write_config):
+    from providers.embedders import HashingEmbedder
+    from query.search import query_language
+
+    arabic = tmp_path / "arabic"
+    arabic.mkdir()
+    (arabic / "tides.md").write_text("# المد والجزر\n\nجداول المد والجزر في الميناء تتغير كل يوم مع القمر.\n")
+    config = write_config(corpus, sources=[
+        {"name": "sample", "path": str(corpus), "metadata": {"language": "en"}},
+        {"name": "arabic", "path": str(arabic), "metadata": {"language": "ar"}},
+    ])
+    ingest(config_path=str(config))
+    english_only = HashingEmbedder(dim=64)
+    english_only.languages = frozenset({"en"})
+    query = "جداول المد والجزر في الميناء"
+    assert query_language(query) == "ar"
+    hybrid = search(query, k=3, mode="hybrid", embedder=english_only, config=config)
+    assert "vector side was skipped" in hybrid.notices[0]
+    fulltext = search(query, k=3, mode="fulltext", config=config)
+    assert [h.chunk_id for h in hybrid] == [h.chunk_id for h in fulltext]
+    assert hybrid[0].doc_id == "arabic:tides.md"
+    english = search("How do I winterize the outboard engine?", k=3, mode="hybrid", embedder=english_only,
+                     config=config)
+    assert english.notices == []
