@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,8 +99,25 @@ def where_clause(where: dict[str, object] | str | None) -> str | None:
     return " AND ".join(clauses) or None
 
 
+def _load_config(path: Path) -> InletConfig:
+    """Load a config once per version of the file (queries come many to a config)."""
+    stat = path.stat() if path.exists() else None
+    return _load_config_at(path, stat.st_mtime_ns if stat else 0, stat.st_size if stat else 0)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_config_at(path: Path, _mtime_ns: int, _size: int) -> InletConfig:
+    return load_config(path)
+
+
+@functools.cache
+def _connect(uri: str) -> lancedb.DBConnection:
+    """One connection per store and process: it holds the index caches (a new one costs ~100 ms a query)."""
+    return lancedb.connect(uri)
+
+
 def _open_chunks(cfg: InletConfig, as_of: int | str | datetime | None = None) -> lancedb.table.Table:
-    db = lancedb.connect(str(cfg.store.uri))
+    db = _connect(str(cfg.store.uri))
     listed = db.list_tables()
     if cfg.store.chunks_table not in set(getattr(listed, "tables", listed)):
         msg = f"no '{cfg.store.chunks_table}' table in {cfg.store.uri}: run `inlet ingest` first"
@@ -139,7 +157,17 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.astimezone(UTC)
 
 
-def _table_embedder(table: lancedb.table.Table) -> str:
+_EMBEDDER_AT: dict[tuple[str, str, int], str] = {}  # (store, table, version) -> embedder fingerprint
+
+
+def _table_embedder(table: lancedb.table.Table, store: str = "") -> str:
+    key = (store, table.name, table.version)
+    if key not in _EMBEDDER_AT:
+        _EMBEDDER_AT[key] = _read_embedder(table)
+    return _EMBEDDER_AT[key]
+
+
+def _read_embedder(table: lancedb.table.Table) -> str:
     # One row is enough: a run replaces every vector in one commit when the embedder changes.
     rows = table.search().select(["embedder"]).limit(1).to_arrow()["embedder"].to_pylist()
     if not rows:
@@ -194,8 +222,10 @@ def fuse(rankings: list[tuple[float, list[str]]], rrf_k: int) -> dict[str, float
     return scores
 
 
-def _vector_rows(table: lancedb.table.Table, vector: list[float], clause: str, limit: int) -> list[dict]:
-    query = table.search(vector, vector_column_name="vector").distance_type("cosine").where(clause, prefilter=True)
+def _vector_rows(table: lancedb.table.Table, vector: list[float], clause: str, limit: int,
+                 qcfg: QueryConfig) -> list[dict]:
+    query = (table.search(vector, vector_column_name="vector").distance_type("cosine").nprobes(qcfg.nprobes)
+             .ef(qcfg.ef).where(clause, prefilter=True))
     return query.select([*_SELECT, "_distance"]).limit(limit).to_arrow().to_pylist()
 
 
@@ -249,7 +279,7 @@ def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: i
             ) -> tuple[list[SearchResult], list[str]]:
     if mode == "vector":
         # Cosine distance on unit vectors: 1 - distance is the cosine similarity.
-        hits = [_result(r, 1.0 - float(r["_distance"])) for r in _vector_rows(table, embed(), clause, k)]
+        hits = [_result(r, 1.0 - float(r["_distance"])) for r in _vector_rows(table, embed(), clause, k, qcfg)]
         lang = query_language(text) if languages is not None else None
         uncovered = lang is not None and lang not in languages
         return hits, ([f"the embedder reads {', '.join(sorted(languages))}, not the query's language ({lang}): "
@@ -261,7 +291,7 @@ def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: i
     share, why = vector_share(languages, query_language(text) if languages is not None else None,
                               [r["language"] for r in sparse])
     weight = qcfg.vector_weight * share
-    dense = _vector_rows(table, embed(), clause, depth) if weight > 0 else []
+    dense = _vector_rows(table, embed(), clause, depth, qcfg) if weight > 0 else []
     rows = {r["chunk_id"]: r for r in [*sparse, *dense]}
     scores = fuse([(weight, [r["chunk_id"] for r in dense]),
                    (qcfg.fulltext_weight, [r["chunk_id"] for r in sparse])], qcfg.rrf_k)
@@ -304,7 +334,7 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
     read. as_of: a table version, a run tag, or a timestamp. neighbors: attach the n previous
     and next chunks of each hit. An explicit embedder must match the table's vector space.
     """
-    cfg = config if isinstance(config, InletConfig) else load_config(config)
+    cfg = config if isinstance(config, InletConfig) else _load_config(Path(config))
     use_secret_block(cfg.api_key_block)
     mode = mode or cfg.query.mode
     if mode not in ("vector", "fulltext", "hybrid"):
@@ -316,9 +346,7 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
     def embed() -> list[float]:  # only vector and hybrid searches pay for a query embedding
         nonlocal embedder
         if not vector:
-            table_fp = _table_embedder(table)
-            embedder = embedder or query_embedder(table_fp, cfg.embedding)
-            check_embedder(table_fp, embedder)
+            check_embedder(_table_embedder(table, str(cfg.store.uri)), embedder)
             vector.append(embedder.embed([text])[0])
         return vector[0]
 
@@ -330,8 +358,7 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
     clause = f"({guard}) AND ({filters})" if filters else guard
     languages = None
     if mode != "fulltext":
-        table_fp = _table_embedder(table)
-        embedder = embedder or query_embedder(table_fp, cfg.embedding)
+        embedder = embedder or query_embedder(_table_embedder(table, str(cfg.store.uri)), cfg.embedding)
         languages = getattr(embedder, "languages", None)
     hits, notices = _ranked(table, text, mode, clause, k, cfg.query, embed, languages)
     if not hits and filters and fallback:

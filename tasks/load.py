@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
 import lancedb
-from lancedb.index import FTS, HnswSq
+from lancedb.index import FTS, Bitmap, BTree, HnswSq
 import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
@@ -201,6 +201,9 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
     if rows >= ann_min_rows and _unindexed(table, "vector")[0] is None:
         # HNSW graphs inside IVF partitions with 8-bit scalar quantisation: high recall without a refine step.
         table.create_index("vector", config=HnswSq(distance_type="cosine"), replace=True)
+        # Every search prefilters on clearance and expiry: scalar indexes keep that from scanning the table.
+        table.create_index("access_level", config=Bitmap(), replace=True)
+        table.create_index("expires_at", config=BTree(), replace=True)
     columns = {"fulltext": "text", "vector": "vector"}
     coverage = {name: _unindexed(table, column) for name, column in columns.items()}
     if any(name and unindexed > MAX_UNINDEXED for name, _, unindexed in coverage.values()):
