@@ -107,8 +107,12 @@ def latencies(config: Path, queries: list[str], mode: str) -> list[float]:
 
 
 def ann_recall(store: Path, n_queries: int, seed: int = 2) -> float:
-    """Mean overlap of the ANN top 10 with the exact top 10, for perturbed stored vectors as queries."""
+    """Mean overlap of the ANN top 10 (at search()'s nprobes and ef) with the exact top 10, for perturbed data points."""
     import lancedb
+
+    from schemas.config import QueryConfig
+
+    qcfg = QueryConfig()
 
     table = lancedb.connect(str(store)).open_table("chunks")
     rng = np.random.default_rng(seed)
@@ -117,7 +121,8 @@ def ann_recall(store: Path, n_queries: int, seed: int = 2) -> float:
     overlap = []
     for v in picks:
         q = v + rng.normal(scale=0.05, size=DIM).astype(np.float32)
-        ann = table.search(q).distance_type("cosine").limit(10).select(["chunk_id", "_distance"]).to_arrow()["chunk_id"]
+        ann = (table.search(q).distance_type("cosine").nprobes(qcfg.nprobes).ef(qcfg.ef).limit(10)
+               .select(["chunk_id", "_distance"]).to_arrow()["chunk_id"])
         exact = (table.search(q).distance_type("cosine").bypass_vector_index().limit(10).select(["chunk_id", "_distance"])
                  .to_arrow()["chunk_id"])
         overlap.append(len(set(ann.to_pylist()) & set(exact.to_pylist())) / 10)

@@ -92,8 +92,9 @@ def _merge(base: dict, overrides: dict) -> dict:
     return out
 
 
-def variant_config(base_path: Path, dataset: Dataset, workdir: Path, variant: str, overrides: dict) -> Path:
-    """Write the config a variant is ingested with: the base config, the dataset's corpus, its own store."""
+def eval_config(base_path: Path, dataset: Dataset, workdir: Path, variants: dict[str, dict]) -> Path:
+    """Write the config the dataset is ingested with: the base config, the dataset's corpus, its own store,
+    and every variant but "default" (the main index) as an index variant sharing one extraction."""
     data = yaml.safe_load(base_path.read_text(encoding="utf-8")) or {}
     base_dir = base_path.resolve().parent
     if dataset.documents:
@@ -104,10 +105,11 @@ def variant_config(base_path: Path, dataset: Dataset, workdir: Path, variant: st
         prompt = (data.get(section) or {}).get("prompt")
         if prompt:
             data[section]["prompt"] = str((base_dir / prompt).resolve())
-    data = _merge(data, overrides)
-    data["store"] = {**data.get("store", {}), "uri": str(workdir / variant / "lancedb"),
-                     "artifacts": str(workdir / variant / "runs"), "chunks_table": "chunks"}
-    path = workdir / variant / "inlet.yaml"
+    data = _merge(data, variants.get("default", {}))
+    data["variants"] = {name: overrides for name, overrides in variants.items() if name != "default"}
+    data["store"] = {**data.get("store", {}), "uri": str(workdir / "lancedb"), "artifacts": str(workdir / "runs"),
+                     "chunks_table": "chunks"}
+    path = workdir / "inlet.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
@@ -135,12 +137,13 @@ def documents_in_order(chunk_ids: list[str], doc_of: dict[str, str]) -> list[str
 
 
 @stage("run queries")
-def run_queries(config_path: str, dataset: Dataset, depth: int) -> dict[str, dict[str, list[str]]]:
+def run_queries(config_path: str, dataset: Dataset, depth: int, variant: str | None) -> dict[str, dict[str, list[str]]]:
     """Return per query the chunk rankings of each side and the chunk -> document map, for fusion later."""
     out: dict[str, dict] = {}
     for qid, text in dataset.queries.items():
-        dense = search(text, k=depth, mode="vector", clearance="confidential", config=config_path)
-        sparse = search(text, k=depth, mode="fulltext", clearance="confidential", config=config_path)
+        dense = search(text, k=depth, mode="vector", clearance="confidential", config=config_path, variant=variant)
+        sparse = search(text, k=depth, mode="fulltext", clearance="confidential", config=config_path,
+                        variant=variant)
         out[qid] = {"vector": [h.chunk_id for h in dense], "fulltext": [h.chunk_id for h in sparse],
                     "doc_of": {h.chunk_id: h.doc_id for h in [*dense, *sparse]}}
     return out
@@ -167,8 +170,9 @@ def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str 
              depth: int = 100, sweep: list[tuple[float, float]] | None = None) -> dict:
     """Ingest the dataset per variant, run every query in each mode, report recall@k, MRR@10 and nDCG@10.
 
-    variants: name -> config overrides (e.g. {"merged": {"chunking": {"merge_small_sections": True}}}),
-    each built into its own store under workdir. sweep: (vector, fulltext) weight pairs tried for
+    variants: name -> overrides of chunking, enrichment and embedding (e.g. {"merged": {"chunking":
+    {"merge_small_sections": True}}}); "default" names the main index. All are built in one store
+    under workdir from one extraction, each in its own tables. sweep: (vector, fulltext) weight pairs tried for
     hybrid; the best per variant is reported. Results go to <workdir>/eval-<time>.json and to the
     'retrieval-eval' table artifact.
     """
@@ -180,11 +184,12 @@ def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str 
         write_corpus(data.documents, work / "corpus")
     rows = []
     best: dict[str, dict] = {}
-    for variant, overrides in (variants or {"default": {}}).items():
-        cfg_path = variant_config(base, data, work, variant, overrides)
-        ingest(config_path=str(cfg_path))
+    variants = variants or {"default": {}}
+    cfg_path = eval_config(base, data, work, variants)
+    ingest(config_path=str(cfg_path))  # every variant from one extraction
+    for variant in variants:
         qcfg = load_config(cfg_path).query
-        rankings = run_queries(str(cfg_path), data, depth)
+        rankings = run_queries(str(cfg_path), data, depth, None if variant == "default" else variant)
         weight_sets = [(qcfg.vector_weight, qcfg.fulltext_weight), *(sweep or [])]
         for mode in modes:
             for weights in (dict.fromkeys(weight_sets) if mode == "hybrid" else [None]):

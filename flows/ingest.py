@@ -12,7 +12,7 @@ from prefect import flow
 from providers.embedders import embedder_spec, resolve_embedding
 from providers.enrichers import resolve_enrichment
 from providers.keys import use_secret_block
-from schemas.config import load_config
+from schemas.config import InletConfig, load_config
 from tasks.chunk import chunk_stage
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, settings_fingerprint
@@ -21,6 +21,7 @@ from tasks.enrich import enrich_stage
 from tasks.extract import extract_stage
 from tasks.load import upsert_stage
 from tasks.refresh import refresh_stage
+from tasks.variants import extraction_todo_stage, for_variant_stage
 from tasks.report import report_stage
 from tasks.store import connect, known_documents
 
@@ -49,39 +50,75 @@ def new_run_id(now: datetime) -> str:
 
 @flow(name="ingest", log_prints=True)
 def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = False) -> dict:
-    """Bring the LanceDB store up to date with the configured sources; return the run summary."""
+    """Bring the LanceDB store up to date with the configured sources; return the run summary.
+
+    With index variants, the crawl and the extraction are shared; each variant then detects its own
+    changes, chunks, enriches, embeds and commits to its own tables. The summary is the main
+    index's, with each variant's under "variants".
+    """
     begin = time.perf_counter()
     cfg = load_config(config_path)
     cfg.check_sources(config_path)
     use_secret_block(cfg.api_key_block)
-    embedding, key_notice = resolve_embedding(cfg.embedding)
-    enrichment, enrich_notice = resolve_enrichment(cfg.enrichment)
-    cfg = cfg.model_copy(update={"embedding": embedding, "enrichment": enrichment})
     started = datetime.now(UTC)
     run_id = new_run_id(started)
     run_dir = str(cfg.store.artifacts / run_id)
-    store, table, dim = str(cfg.store.uri), cfg.store.chunks_table, embedder_spec(cfg.embedding).dim
+    store = str(cfg.store.uri)
     clock = _StageClock()
-    settings_fp = clock.run("fingerprint", settings_fingerprint, cfg)
+    variants = []
+    for name, vcfg in cfg.all_variants():
+        embedding, key_notice = resolve_embedding(vcfg.embedding)
+        enrichment, enrich_notice = resolve_enrichment(vcfg.enrichment)
+        vcfg = vcfg.model_copy(update={"embedding": embedding, "enrichment": enrichment})
+        notices = [n for n in (key_notice, enrich_notice) if n]
+        variants.append((name, vcfg, run_dir if name is None else f"{run_dir}/{name}", notices))
 
     listing = clock.run("crawl", crawl_stage, cfg, run_dir)
-    known = clock.run("read state", known_documents, connect(store))
-    documents = clock.run("detect", detect_stage, listing, known, settings_fp, cfg, run_dir, retry_quarantined)
-    elements, extracted, notices = clock.run("extract", extract_stage, documents, cfg.extraction, run_dir)
-    chunks = clock.run("chunk", chunk_stage, elements, cfg.chunking, run_dir)
-    # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.
-    chunks, extracted = clock.run("refresh", refresh_stage, documents, chunks, extracted, store, table, run_dir)
-    enriched = clock.run("enrich", enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store, table,
-                         run_dir, str(cfg.store.artifacts / BATCH_JOBS_DIR))
-    embedded = clock.run("embed", embed_stage, enriched["path"], extracted, cfg.embedding, cfg.enrichment,
-                         cfg.pricing, store, table, run_dir, str(cfg.store.artifacts / BATCH_JOBS_DIR))
-    loaded = clock.run("upsert", upsert_stage, documents, extracted, embedded["path"], store_uri=store,
-                       chunks_table=table, dim=dim, settings_fp=settings_fp, run_id=run_id, now=started,
-                       fulltext_index=cfg.query.fulltext_index, ann_min_rows=cfg.query.ann_min_rows)
-    summary = report_stage(documents, extracted, embedded["path"], loaded, usage=enriched["usage"] | embedded["usage"],
-                           dim=dim, store_uri=store, run_id=run_id,
-                           started=started, finished=datetime.now(UTC), config_fp=cfg.fingerprint(),
-                           stage_seconds=clock.seconds, notices=[n for n in (key_notice, enrich_notice, *notices) if n],
-                           run_dir=run_dir)
+    detected = []
+    for name, vcfg, vdir, _ in variants:
+        suffix = "" if name is None else f" {name}"
+        settings_fp = clock.run("fingerprint" + suffix, settings_fingerprint, vcfg)
+        known = clock.run("read state" + suffix, known_documents, connect(store), vcfg.store.documents_table)
+        documents = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp, vcfg, vdir,
+                              retry_quarantined)
+        detected.append((settings_fp, documents))
+    todo = detected[0][1] if len(variants) == 1 else clock.run(
+        "plan extraction", extraction_todo_stage, [d for _, d in detected], run_dir)
+    elements, extracted, extract_notices = clock.run("extract", extract_stage, todo, cfg.extraction, run_dir)
+
+    summaries = []
+    for (name, vcfg, vdir, notices), (settings_fp, documents) in zip(variants, detected):
+        v_elements, v_extracted = (elements, extracted) if len(variants) == 1 else clock.run(
+            f"select {name or 'main'}", for_variant_stage, elements, extracted, documents, vdir)
+        summaries.append(_index(vcfg, name, documents, v_elements, v_extracted, settings_fp, run_id, vdir, started,
+                                clock, [*notices, *extract_notices]))
+    summary = summaries[0]
+    if len(summaries) > 1:
+        summary["variants"] = {name: s for (name, *_), s in zip(variants[1:], summaries[1:])}
     # The flow body alone; Prefect's own run set-up and teardown come on top of this.
     return {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}
+
+
+def _index(cfg: InletConfig, name: str | None, documents: str, elements: str, extracted: str, settings_fp: str,
+           run_id: str, run_dir: str, started: datetime, clock: _StageClock, notices: list[str]) -> dict:
+    """Chunk, enrich, embed, commit and report one index (the main one or a variant)."""
+    store, table, dim = str(cfg.store.uri), cfg.store.chunks_table, embedder_spec(cfg.embedding).dim
+    jobs = str(cfg.store.artifacts / BATCH_JOBS_DIR)
+    suffix = "" if name is None else f" {name}"
+    chunks = clock.run("chunk" + suffix, chunk_stage, elements, cfg.chunking, run_dir)
+    # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.
+    chunks, extracted = clock.run("refresh" + suffix, refresh_stage, documents, chunks, extracted, store, table,
+                                  run_dir)
+    enriched = clock.run("enrich" + suffix, enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store,
+                         table, run_dir, jobs)
+    embedded = clock.run("embed" + suffix, embed_stage, enriched["path"], extracted, cfg.embedding, cfg.enrichment,
+                         cfg.pricing, store, table, run_dir, jobs)
+    loaded = clock.run("upsert" + suffix, upsert_stage, documents, extracted, embedded["path"], store_uri=store,
+                       chunks_table=table, dim=dim, settings_fp=settings_fp, run_id=run_id, now=started,
+                       fulltext_index=cfg.query.fulltext_index, ann_min_rows=cfg.query.ann_min_rows,
+                       documents_table=cfg.store.documents_table)
+    return report_stage(documents, extracted, embedded["path"], loaded, usage=enriched["usage"] | embedded["usage"],
+                        dim=dim, store_uri=store, run_id=run_id, started=started, finished=datetime.now(UTC),
+                        config_fp=cfg.fingerprint(), stage_seconds=dict(clock.seconds), notices=notices,
+                        run_dir=run_dir, runs_table=cfg.store.runs_table,
+                        artifact_key="ingest-run-summary" + ("" if name is None else f"-{name}"))

@@ -11,7 +11,7 @@ import lancedb
 
 from schemas.arrow import RUN_COUNTS
 from schemas.config import InletConfig, load_config
-from query.search import DEFAULT_CONFIG, resolve_version
+from query.search import DEFAULT_CONFIG, select_variant, resolve_version
 from schemas.errors import StoreError
 
 _KEYS = ["chunk_id", "doc_id", "text_hash", "enrich_key", "embed_key"]
@@ -27,10 +27,10 @@ def _table(cfg: InletConfig, name: str) -> lancedb.table.Table | None:
     return db.open_table(name) if name in set(getattr(listed, "tables", listed)) else None
 
 
-def versions(config: InletConfig | str | Path = DEFAULT_CONFIG) -> list[dict]:
+def versions(config: InletConfig | str | Path = DEFAULT_CONFIG, variant: str | None = None) -> list[dict]:
     """List the runs, oldest first: id, times, status, the chunks version it tagged, and its counts."""
-    cfg = _config(config)
-    runs, chunks = _table(cfg, "runs"), _table(cfg, cfg.store.chunks_table)
+    cfg = select_variant(_config(config), variant)
+    runs, chunks = _table(cfg, cfg.store.runs_table), _table(cfg, cfg.store.chunks_table)
     if runs is None:
         return []
     tags = {name: info["version"] for name, info in chunks.tags.list().items()} if chunks is not None else {}
@@ -84,9 +84,9 @@ def diff_snapshots(old: dict[str, dict], new: dict[str, dict], old_version: int,
 
 
 def diff(a: int | str | datetime, b: int | str | datetime,
-         config: InletConfig | str | Path = DEFAULT_CONFIG) -> Diff:
+         config: InletConfig | str | Path = DEFAULT_CONFIG, variant: str | None = None) -> Diff:
     """Say which documents and chunks were added, removed or changed from a to b (versions, run tags or times)."""
-    cfg = _config(config)
+    cfg = select_variant(_config(config), variant)
     table = _table(cfg, cfg.store.chunks_table)
     if table is None:
         msg = f"no '{cfg.store.chunks_table}' table in {cfg.store.uri}: run `inlet ingest` first"

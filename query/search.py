@@ -99,6 +99,15 @@ def where_clause(where: dict[str, object] | str | None) -> str | None:
     return " AND ".join(clauses) or None
 
 
+def select_variant(cfg: InletConfig, variant: str | None) -> InletConfig:
+    if variant is None:
+        return cfg
+    if variant not in cfg.variants:
+        msg = f"variant '{variant}' is not in the config's variants ({', '.join(cfg.variants) or 'none'})"
+        raise QueryError(msg)
+    return cfg.variant(variant)
+
+
 def _load_config(path: Path) -> InletConfig:
     """Load a config once per version of the file (queries come many to a config)."""
     stat = path.stat() if path.exists() else None
@@ -323,7 +332,7 @@ def _with_neighbors(table: lancedb.table.Table, hits: list[SearchResult], n: int
 def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, *, mode: Mode | None = None,
            clearance: str = "public", as_of: int | str | datetime | None = None, neighbors: int = 0,
            fallback: bool = False, config: InletConfig | str | Path = DEFAULT_CONFIG,
-           embedder: Embedder | None = None) -> SearchResults:
+           embedder: Embedder | None = None, variant: str | None = None) -> SearchResults:
     """Return the k best chunks for text that the caller's clearance may see.
 
     mode: vector (the table's own embedder, query task type), fulltext (BM25 over the native
@@ -333,8 +342,10 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
     says so. clearance: public < internal < restricted < confidential; rows above it are never
     read. as_of: a table version, a run tag, or a timestamp. neighbors: attach the n previous
     and next chunks of each hit. An explicit embedder must match the table's vector space.
+    variant: search a named index variant's table instead of the main one.
     """
     cfg = config if isinstance(config, InletConfig) else _load_config(Path(config))
+    cfg = select_variant(cfg, variant)
     use_secret_block(cfg.api_key_block)
     mode = mode or cfg.query.mode
     if mode not in ("vector", "fulltext", "hybrid"):

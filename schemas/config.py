@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 from datetime import UTC, date, datetime
 import json
+import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from schemas.errors import ConfigError
 
@@ -242,6 +243,19 @@ class StoreConfig(_Strict):
     uri: Path = Field(Path("../data/lancedb"), description="LanceDB folder; relative to the config file's folder.")
     artifacts: Path = Field(Path("../data/runs"), description="Run artifact folder; relative to the config file's folder.")
     chunks_table: str = Field("chunks", description="Name of the chunks table.")
+    documents_table: str = Field("documents", description="Name of the documents table.")
+    runs_table: str = Field("runs", description="Name of the runs table.")
+
+
+class VariantConfig(_Strict):
+    """An index variant: settings that differ from the main index; each variant gets its own tables."""
+
+    chunking: dict[str, Any] = Field(default_factory=dict, description="Overrides of the chunking section.")
+    enrichment: dict[str, Any] = Field(default_factory=dict, description="Overrides of the enrichment section.")
+    embedding: dict[str, Any] = Field(default_factory=dict, description="Overrides of the embedding section.")
+
+    def __hash__(self) -> int:  # dict fields: hash their JSON so configs stay usable as cache keys
+        return hash(json.dumps(self.model_dump(mode="json"), sort_keys=True))
 
 
 class InletConfig(_Strict):
@@ -257,6 +271,52 @@ class InletConfig(_Strict):
     api_key_block: str | None = Field(None, description="Prefect Secret block holding the Gemini API key, read "
                                       "when neither GEMINI_API_KEY nor GOOGLE_API_KEY is set.")
     store: StoreConfig = Field(default_factory=StoreConfig)
+    variants: dict[str, VariantConfig] = Field(
+        default_factory=dict, description="Named index variants built from the same extracted documents, each "
+        "in tables <chunks_table>__<name> and documents__<name>, e.g. header-only vs merged sections.")
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint())
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_names(cls, value: dict[str, VariantConfig]) -> dict[str, VariantConfig]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                msg = f"variant name '{name}' may only hold letters, digits, _ and -"
+                raise ValueError(msg)
+        return value
+
+    @model_validator(mode="after")
+    def _variants_are_valid(self) -> InletConfig:
+        for name in self.variants:
+            self.variant(name)  # raises naming the variant and key
+        return self
+
+    def variant(self, name: str) -> InletConfig:
+        """Return the config of a named variant: its overrides on top of this one, with its own tables."""
+        spec = self.variants[name]
+        update = {}
+        for section, model in (("chunking", ChunkingConfig), ("enrichment", EnrichmentConfig),
+                               ("embedding", EmbeddingConfig)):
+            overrides = getattr(spec, section)
+            if not overrides:
+                continue
+            try:
+                update[section] = model.model_validate({**getattr(self, section).model_dump(), **overrides})
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = ".".join(str(p) for p in err["loc"])
+                msg = f"variants.{name}.{section}.{where}: {err['msg']}"
+                raise ValueError(msg) from None
+        store = self.store.model_copy(update={"chunks_table": f"{self.store.chunks_table}__{name}",
+                                              "documents_table": f"{self.store.documents_table}__{name}",
+                                              "runs_table": f"{self.store.runs_table}__{name}"})
+        return self.model_copy(update={**update, "store": store, "variants": {}})
+
+    def all_variants(self) -> list[tuple[str | None, InletConfig]]:
+        """Return the main index (name None) and each named variant, with their configs."""
+        return [(None, self), *((name, self.variant(name)) for name in self.variants)]
 
     @field_validator("sources")
     @classmethod

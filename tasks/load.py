@@ -173,9 +173,9 @@ def upsert_keyed(db: lancedb.DBConnection, name: str, key: str, rows: pa.Table, 
     return merge.execute(conform(rows, schema)).version
 
 
-def commit_documents(db: lancedb.DBConnection, rows: pa.Table, deleted: list[str]) -> int | None:
+def commit_documents(db: lancedb.DBConnection, rows: pa.Table, deleted: list[str], name: str = DOCUMENTS) -> int | None:
     """Write document rows: the content hash in them marks their chunks as committed."""
-    return upsert_keyed(db, DOCUMENTS, "doc_id", rows, DOCUMENT_ROWS_SCHEMA, deleted)
+    return upsert_keyed(db, name, "doc_id", rows, DOCUMENT_ROWS_SCHEMA, deleted)
 
 
 # Rows added after the full-text index was built are still found (searched without the index);
@@ -225,16 +225,16 @@ def _ids(table: pa.Table, mask: pa.ChunkedArray) -> list[str]:
 
 def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extracted: pa.Table,
          embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime,
-         fulltext_index: bool = True, ann_min_rows: int = 100_000) -> LoadResult:
+         fulltext_index: bool = True, ann_min_rows: int = 100_000, documents_table: str = DOCUMENTS) -> LoadResult:
     """Commit one run: chunks, then documents, then the quarantine list; tag the chunks version."""
-    known = known_documents(db)
+    known = known_documents(db, documents_table)
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
     deleted = _ids(documents, pc.equal(documents["change"], "deleted"))
     rows = chunk_rows(embedded, documents, extracted, run_id, dim)
     result = LoadResult()
     chunks_version = commit_chunks(db, chunks_table, rows, ok + deleted, dim, result)
     doc_rows = document_rows(documents, extracted, embedded, known, settings_fp, run_id, now)
-    docs_version = commit_documents(db, doc_rows, deleted)
+    docs_version = commit_documents(db, doc_rows, deleted, documents_table)
     quarantined = quarantine_rows(documents, extracted, run_id, now)
     result.docs_quarantined = quarantined.num_rows
     q_version = upsert_keyed(db, QUARANTINE, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
@@ -244,7 +244,7 @@ def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extra
         result.indexes = refresh_indexes(table, fulltext=fulltext_index, ann_min_rows=ann_min_rows)
         chunks_version = table.version
         tag_version(table, run_id)
-    result.versions = {k: v for k, v in {chunks_table: chunks_version, DOCUMENTS: docs_version,
+    result.versions = {k: v for k, v in {chunks_table: chunks_version, documents_table: docs_version,
                                          QUARANTINE: q_version}.items() if v is not None}
     return result
 
@@ -252,14 +252,14 @@ def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extra
 @stage("upsert")
 def upsert_stage(documents_path: str, extracted_path: str, embedded_path: str, *, store_uri: str,
                  chunks_table: str, dim: int, settings_fp: str, run_id: str, now: datetime,
-                 fulltext_index: bool = True, ann_min_rows: int = 100_000) -> dict:
+                 fulltext_index: bool = True, ann_min_rows: int = 100_000, documents_table: str = DOCUMENTS) -> dict:
     """Commit the run's chunks and documents to LanceDB."""
     result = load(
         connect(store_uri), chunks_table,
         read_artifact(documents_path, DOCUMENTS_SCHEMA), read_artifact(extracted_path, EXTRACTED_SCHEMA),
         read_artifact(embedded_path, embedded_chunks_schema(dim)),
         dim=dim, settings_fp=settings_fp, run_id=run_id, now=now, fulltext_index=fulltext_index,
-        ann_min_rows=ann_min_rows,
+        ann_min_rows=ann_min_rows, documents_table=documents_table,
     )
     get_run_logger().info("chunks: %d added, %d removed, %d reused, %d rows written", result.chunks_added,
                           result.chunks_removed, result.chunks_reused, result.chunks_written)

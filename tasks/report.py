@@ -68,11 +68,11 @@ def runs_row(summary: dict, *, run_id: str, started: datetime, finished: datetim
     return pa.Table.from_pylist([row], schema=RUNS_SCHEMA)
 
 
-def open_runs_table(db: lancedb.DBConnection, row: pa.Table) -> lancedb.table.Table:
-    """Open the runs table, creating it from row, or adding columns that a newer Inlet records (null for old runs)."""
-    table = open_table(db, RUNS)
+def open_runs_table(db: lancedb.DBConnection, name: str = RUNS) -> lancedb.table.Table:
+    """Open the runs table, creating it, or adding columns that a newer Inlet records (null for old runs)."""
+    table = open_table(db, name)
     if table is None:
-        return db.create_table(RUNS, schema=RUNS_SCHEMA)
+        return db.create_table(name, schema=RUNS_SCHEMA)
     ensure_columns(table, RUNS_SCHEMA)
     return table
 
@@ -80,7 +80,8 @@ def open_runs_table(db: lancedb.DBConnection, row: pa.Table) -> lancedb.table.Ta
 @stage("report")
 def report_stage(documents_path: str, extracted_path: str, embedded_path: str, load: dict, *, usage: dict, dim: int,
                  store_uri: str, run_id: str, started: datetime, finished: datetime, config_fp: str,
-                 stage_seconds: dict[str, float], notices: list[str], run_dir: str) -> dict:
+                 stage_seconds: dict[str, float], notices: list[str], run_dir: str, runs_table: str = RUNS,
+                 artifact_key: str = "ingest-run-summary") -> dict:
     """Append the run to the runs table, write it as the run artifact and return the run summary."""
     summary = summarize_run(read_artifact(documents_path, DOCUMENTS_SCHEMA),
                             read_artifact(extracted_path, EXTRACTED_SCHEMA),
@@ -88,9 +89,9 @@ def report_stage(documents_path: str, extracted_path: str, embedded_path: str, l
     row = runs_row(summary, run_id=run_id, started=started, finished=finished, status="completed",
                    config_fp=config_fp, stage_seconds=stage_seconds, versions=load["versions"], notices=notices)
     write_artifact(row, run_dir, "run", RUNS_SCHEMA)
-    open_runs_table(connect(store_uri), row).add(row)
+    open_runs_table(connect(store_uri), runs_table).add(row)
     # Shown on the flow run's Artifacts tab; one stable key keeps the history together.
-    create_table_artifact(key="ingest-run-summary", description=f"Inlet run {run_id}",
+    create_table_artifact(key=artifact_key, description=f"Inlet run {run_id}",
                           table=[{"metric": k, "value": summary[k]} for k in (*RUN_COUNTS, *RUN_USAGE)]
                           + [{"metric": f"seconds {k}", "value": v} for k, v in stage_seconds.items()])
     logger = get_run_logger()

@@ -57,9 +57,9 @@ def ensure_columns(table: lancedb.table.Table, schema: pa.Schema) -> None:
         table.add_columns(missing)
 
 
-def known_documents(db: lancedb.DBConnection) -> pa.Table:
+def known_documents(db: lancedb.DBConnection, name: str = DOCUMENTS) -> pa.Table:
     """Return every row of the documents table (no vectors: it stays small)."""
-    table = open_table(db, DOCUMENTS)
+    table = open_table(db, name)
     if table is None:
         return DOCUMENT_ROWS_SCHEMA.empty_table()
     ensure_columns(table, DOCUMENT_ROWS_SCHEMA)

@@ -37,8 +37,10 @@ def beir(tmp_path: Path) -> Path:
 def test_eval_metrics_match_a_hand_computation(beir, tmp_path, write_config):
     config = write_config(tmp_path)  # embedding: hashing; sources are replaced by the dataset's corpus
     report = evaluate(dataset=str(beir), config_path=str(config), workdir=str(tmp_path / "work"),
-                      modes=("fulltext", "hybrid"), sweep=[(0.0, 1.0)])
-    rows = {(r["mode"], tuple(r["weights"] or ())): r for r in report["results"]}
+                      modes=("fulltext", "hybrid"), sweep=[(0.0, 1.0)],
+                      variants={"default": {}, "fixed": {"chunking": {"strategy": "fixed"}}})
+    assert {r["variant"] for r in report["results"]} == {"default", "fixed"}
+    rows = {(r["mode"], tuple(r["weights"] or ())): r for r in report["results"] if r["variant"] == "default"}
     fulltext = rows[("fulltext", ())]
     # BM25 ranks the only document holding the query's words first: q1 -> d1 (grade 2; d4 is also
     # relevant but shares no word), q2 -> d2, q3 -> nothing ("zeppelin" is in no document).

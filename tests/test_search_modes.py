@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import lancedb
+import pyarrow.parquet as pq
 import pytest
 
 from flows.ingest import ingest
@@ -211,3 +212,28 @@ def test_hybrid_skips_the_vector_side_for_a_language_the_embedder_does_not_read(
     english = search("How do I winterize the outboard engine?", k=3, mode="hybrid", embedder=english_only,
                      config=config)
     assert english.notices == []
+
+
+def test_index_variants_share_one_extraction_and_keep_their_own_tables(corpus, write_config, tmp_path):
+    config = write_config(corpus, variants={"small": {"chunking": {"max_tokens": 60, "overlap_tokens": 10}},
+                                            "wide": {"chunking": {"strategy": "fixed", "max_tokens": 400,
+                                                                  "overlap_tokens": 0}}})
+    first = ingest(config_path=str(config))
+    run_dir = load_config(config).store.artifacts / first["run_id"]
+    assert set(first["variants"]) == {"small", "wide"}
+    assert first["variants"]["small"]["chunks_added"] > first["chunks_added"] > first["variants"]["wide"]["chunks_added"]
+    assert (run_dir / "extracted.parquet").is_file() and (run_dir / "small" / "elements.parquet").is_file()
+    db = lancedb.connect(str(load_config(config).store.uri))
+    assert {"chunks", "chunks__small", "chunks__wide", "documents__small", "runs__wide"} <= set(db.table_names())
+    wide = search("gelcoat hardener", k=1, mode="fulltext", variant="wide", config=config)[0]
+    main = search("gelcoat hardener", k=1, mode="fulltext", config=config)[0]
+    assert wide.doc_id == main.doc_id and len(wide.text) > len(main.text), "each variant answers from its table"
+    with pytest.raises(QueryError, match="variant 'nope' is not in the config's variants"):
+        search("x", variant="nope", config=config)
+
+    guide = corpus / "guides" / "boat-maintenance.md"
+    guide.write_text(guide.read_text().replace("2% hardener", "3% hardener"))
+    second = ingest(config_path=str(config))
+    assert second["docs_changed"] == 1 and second["variants"]["small"]["docs_changed"] == 1
+    extracted = pq.read_table(load_config(config).store.artifacts / second["run_id"] / "extracted.parquet")
+    assert extracted["doc_id"].to_pylist() == ["sample:guides/boat-maintenance.md"], "extracted once for all"
