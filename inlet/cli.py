@@ -20,6 +20,7 @@ app = typer.Typer(help="Keep a LanceDB knowledge base fresh and search it.", no_
                   pretty_exceptions_enable=False)
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.")]
+VariantOpt = Annotated[str | None, typer.Option(help="A named index variant of the config (default: the main index).")]
 
 
 def _fail(exc: Exception) -> None:
@@ -76,6 +77,7 @@ def query(
     as_of: Annotated[str | None, typer.Option("--as-of", help="A table version, run id or ISO time.")] = None,
     neighbors: Annotated[int, typer.Option(help="Show this many chunks before and after each hit.")] = 0,
     fallback: Annotated[bool, typer.Option(help="Retry without --where when nothing matches.")] = False,
+    variant: VariantOpt = None,
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
     """Search the store and print the best chunks with citations."""
@@ -90,7 +92,7 @@ def query(
     try:
         version = int(as_of) if as_of is not None and as_of.isdigit() else as_of
         results = search(text, k=k, where=filters or None, mode=mode, clearance=clearance, as_of=version,
-                         neighbors=neighbors, fallback=fallback, config=config)
+                         neighbors=neighbors, fallback=fallback, config=config, variant=variant)
     except InletError as exc:
         _fail(exc)
     if not results:
@@ -114,14 +116,14 @@ def _console() -> Console:
 
 
 @app.command()
-def versions(config: ConfigOpt = DEFAULT_CONFIG) -> None:
+def versions(variant: VariantOpt = None, config: ConfigOpt = DEFAULT_CONFIG) -> None:
     """List the runs with their tags, chunks-table versions and counts."""
     from rich.table import Table
 
     from query import versions as list_versions
 
     try:
-        runs = list_versions(config=config)
+        runs = list_versions(config=config, variant=variant)
     except InletError as exc:
         _fail(exc)
     table = Table("run (tag)", "started", "status", "chunks v.", "new", "changed", "deleted", "quarantined",
@@ -138,6 +140,7 @@ def versions(config: ConfigOpt = DEFAULT_CONFIG) -> None:
 def diff(
     old: Annotated[str, typer.Argument(help="A run id, table version or ISO time.")],
     new: Annotated[str, typer.Argument(help="A run id, table version or ISO time.")],
+    variant: VariantOpt = None,
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
     """Say which documents and chunks were added, removed or changed between two versions."""
@@ -146,7 +149,7 @@ def diff(
     from query import diff as diff_versions
 
     try:
-        change = diff_versions(*(int(v) if v.isdigit() else v for v in (old, new)), config=config)
+        change = diff_versions(*(int(v) if v.isdigit() else v for v in (old, new)), config=config, variant=variant)
     except InletError as exc:
         _fail(exc)
     table = Table("document", "change", title=f"chunks table v{change.old_version} -> v{change.new_version}")
