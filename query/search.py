@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -283,6 +284,9 @@ def vector_share(languages: frozenset[str] | None, query_lang: str | None,
                    f"({', '.join(sorted(set(known) - languages))}): the vector side was weighted {share:.2f}")
 
 
+_SIDES = ThreadPoolExecutor(max_workers=4, thread_name_prefix="inlet-hybrid")
+
+
 def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: int, qcfg: QueryConfig,
             embed: Callable[[], list[float]], languages: frozenset[str] | None = None,
             ) -> tuple[list[SearchResult], list[str]]:
@@ -296,11 +300,14 @@ def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: i
     if mode == "fulltext":
         return [_result(r, float(r["_score"])) for r in _fulltext_rows(table, text, clause, k)], []
     depth = k * qcfg.candidates
+    # Both sides at once (LanceDB works outside the GIL); the vector side is dropped below if its weight is 0.
+    dense_future = _SIDES.submit(_vector_rows, table, embed(), clause, depth, qcfg) if qcfg.vector_weight > 0 else None
     sparse = _fulltext_rows(table, text, clause, depth) if qcfg.fulltext_weight > 0 else []
+    dense = dense_future.result() if dense_future is not None else []
     share, why = vector_share(languages, query_language(text) if languages is not None else None,
                               [r["language"] for r in sparse])
     weight = qcfg.vector_weight * share
-    dense = _vector_rows(table, embed(), clause, depth, qcfg) if weight > 0 else []
+    dense = dense if weight > 0 else []
     rows = {r["chunk_id"]: r for r in [*sparse, *dense]}
     scores = fuse([(weight, [r["chunk_id"] for r in dense]),
                    (qcfg.fulltext_weight, [r["chunk_id"] for r in sparse])], qcfg.rrf_k)
