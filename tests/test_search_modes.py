@@ -224,7 +224,9 @@ def test_index_variants_share_one_extraction_and_keep_their_own_tables(corpus, w
     assert first["variants"]["small"]["chunks_added"] > first["chunks_added"] > first["variants"]["wide"]["chunks_added"]
     assert (run_dir / "extracted.parquet").is_file() and (run_dir / "small" / "elements.parquet").is_file()
     db = lancedb.connect(str(load_config(config).store.uri))
-    assert {"chunks", "chunks__small", "chunks__wide", "documents__small", "runs__wide"} <= set(db.table_names())
+    listed = db.list_tables()
+    assert {"chunks", "chunks__small", "chunks__wide", "documents__small", "runs__wide"} <= set(
+        getattr(listed, "tables", listed))
     wide = search("gelcoat hardener", k=1, mode="fulltext", variant="wide", config=config)[0]
     main = search("gelcoat hardener", k=1, mode="fulltext", config=config)[0]
     assert wide.doc_id == main.doc_id and len(wide.text) > len(main.text), "each variant answers from its table"
