@@ -177,6 +177,17 @@ def _table_embedder(table: lancedb.table.Table, store: str = "") -> str:
     return _EMBEDDER_AT[key]
 
 
+_EXPIRING_AT: dict[tuple[str, str, int], bool] = {}  # (store, table, version) -> any row with an expiry
+
+
+def _has_expiring_rows(table: lancedb.table.Table, store: str) -> bool:
+    """Tell whether any row of this table version can expire (tables from before the column cannot)."""
+    key = (store, table.name, table.version)
+    if key not in _EXPIRING_AT:
+        _EXPIRING_AT[key] = "expires_at" in table.schema.names and table.count_rows("expires_at IS NOT NULL") > 0
+    return _EXPIRING_AT[key]
+
+
 def _read_embedder(table: lancedb.table.Table) -> str:
     # One row is enough: a run replaces every vector in one commit when the embedder changes.
     rows = table.search().select(["embedder"]).limit(1).to_arrow()["embedder"].to_pylist()
@@ -369,7 +380,7 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
         return vector[0]
 
     guard = clearance_clause(clearance)
-    if "expires_at" in table.schema.names:  # tables from before expiry support have no such column
+    if _has_expiring_rows(table, str(cfg.store.uri)):  # most stores have none: spare every query the clause
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")
         guard += f" AND (expires_at IS NULL OR expires_at > TIMESTAMP '{now}')"
     filters = where_clause(where)
