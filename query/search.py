@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -122,18 +122,28 @@ def _load_config_at(path: Path, _mtime_ns: int, _size: int) -> InletConfig:
 
 @functools.cache
 def _connect(uri: str) -> lancedb.DBConnection:
-    """One connection per store and process: it holds the index caches (a new one costs ~100 ms a query)."""
-    return lancedb.connect(uri)
+    """One connection per store and process: it holds the index caches (a new one costs ~100 ms a query).
+
+    Reads are checked against the latest version every time, so cached tables see each new run.
+    """
+    return lancedb.connect(uri, read_consistency_interval=timedelta(0))
+
+
+_TABLES: dict[tuple[str, str], lancedb.table.Table] = {}
 
 
 def _open_chunks(cfg: InletConfig, as_of: int | str | datetime | None = None) -> lancedb.table.Table:
-    db = _connect(str(cfg.store.uri))
-    listed = db.list_tables()
-    if cfg.store.chunks_table not in set(getattr(listed, "tables", listed)):
-        msg = f"no '{cfg.store.chunks_table}' table in {cfg.store.uri}: run `inlet ingest` first"
-        raise StoreError(msg)
-    table = db.open_table(cfg.store.chunks_table)
-    if as_of is not None:
+    uri, name = str(cfg.store.uri), cfg.store.chunks_table
+    if as_of is None and (uri, name) in _TABLES:
+        return _TABLES[(uri, name)]
+    try:
+        table = _connect(uri).open_table(name)
+    except (FileNotFoundError, ValueError):
+        msg = f"no '{name}' table in {uri}: run `inlet ingest` first"
+        raise StoreError(msg) from None
+    if as_of is None:
+        _TABLES[(uri, name)] = table
+    else:  # a table object of its own: checkout pins it to that version
         table.checkout(resolve_version(table, as_of))
     return table
 
@@ -369,7 +379,12 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
     if mode not in ("vector", "fulltext", "hybrid"):
         msg = f"mode '{mode}' is not one of vector, fulltext, hybrid"
         raise QueryError(msg)
-    table = _open_chunks(cfg, as_of)
+    try:
+        table = _open_chunks(cfg, as_of)
+        table.version  # noqa: B018 - a cached table whose dataset was dropped and made anew fails here
+    except (OSError, RuntimeError, ValueError):
+        _TABLES.pop((str(cfg.store.uri), cfg.store.chunks_table), None)
+        table = _open_chunks(cfg, as_of)
     vector: list[list[float]] = []
 
     def embed() -> list[float]:  # only vector and hybrid searches pay for a query embedding

@@ -239,3 +239,15 @@ def test_index_variants_share_one_extraction_and_keep_their_own_tables(corpus, w
     assert second["docs_changed"] == 1 and second["variants"]["small"]["docs_changed"] == 1
     extracted = pq.read_table(load_config(config).store.artifacts / second["run_id"] / "extracted.parquet")
     assert extracted["doc_id"].to_pylist() == ["sample:guides/boat-maintenance.md"], "extracted once for all"
+
+
+def test_search_sees_new_runs_and_a_chunks_table_made_anew(store, corpus):
+    assert search("gelcoat hardener", k=1, mode="fulltext", config=store)  # the table is now cached
+    (corpus / "fresh.md").write_text("# Fresh\n\nThe wombat slipway opens at dawn.\n")
+    ingest(config_path=str(store))
+    assert search("wombat slipway", k=1, mode="fulltext", config=store)[0].doc_id == "sample:fresh.md"
+    db = lancedb.connect(str(load_config(store).store.uri))
+    db.drop_table("chunks")
+    db.drop_table("documents")
+    ingest(config_path=str(store))
+    assert search("wombat slipway", k=1, mode="vector", config=store)[0].doc_id == "sample:fresh.md"
