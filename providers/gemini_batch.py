@@ -12,6 +12,7 @@ from pathlib import Path
 from google import genai
 from google.genai import types
 
+from schemas.config import BatchModeConfig
 from schemas.errors import BatchPendingError
 
 DONE_STATES = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED"}
@@ -45,6 +46,7 @@ class JobLedger:
         jobs = [JobRecord(**json.loads(p.read_text(encoding="utf-8"))) for p in sorted(self._folder.glob("*.json"))]
         return sorted((j for j in jobs if j.kind == kind), key=lambda j: j.submitted_at)
 
+
     def save(self, job: JobRecord) -> None:
         """Record a job (atomically: a crash leaves the old record or the new one)."""
         self._folder.mkdir(parents=True, exist_ok=True)
@@ -72,6 +74,16 @@ class Outcome:
 
     response: types.GenerateContentResponse | None
     error: str | None
+
+
+def batch_polling(cfg: BatchModeConfig, ledger: JobLedger, kind: str, pending: set[str]) -> Polling | None:
+    """Return how to poll when this run should use Batch Mode (asked for, enough rows, or a job to resume), else None."""
+    if cfg.mode == "never" or not pending:
+        return None
+    resumable = any(pending & set(job.keys) for job in ledger.open_jobs(kind))
+    if not (cfg.mode == "always" or len(pending) >= cfg.min_rows or resumable):
+        return None
+    return Polling(cfg.poll_initial_s, cfg.poll_max_s, cfg.max_wait_s)
 
 
 def wait_for(client: genai.Client, job: JobRecord, ledger: JobLedger, polling: Polling,

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import lancedb
 
@@ -75,6 +75,7 @@ class SearchResults(list[SearchResult]):
 
 
 Mode = Literal["vector", "fulltext", "hybrid"]
+T = TypeVar("T")
 
 
 def _quote(value: object) -> str:
@@ -177,25 +178,27 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.astimezone(UTC)
 
 
-_EMBEDDER_AT: dict[tuple[str, str, int], str] = {}  # (store, table, version) -> embedder fingerprint
+_VERSION_FACTS: dict[tuple[str, str, int, str], object] = {}  # (store, table, version, fact) -> value
+
+
+def _version_fact(table: lancedb.table.Table, store: str, fact: str, compute: Callable[[lancedb.table.Table], T]) -> T:
+    """Compute a fact about a table version once: versions never change, so neither do their facts."""
+    key = (store, table.name, table.version, fact)
+    if key not in _VERSION_FACTS:
+        if len(_VERSION_FACTS) > 1024:  # a long-lived process sees many versions; old ones are not asked again
+            _VERSION_FACTS.clear()
+        _VERSION_FACTS[key] = compute(table)
+    return _VERSION_FACTS[key]  # type: ignore[return-value]
 
 
 def _table_embedder(table: lancedb.table.Table, store: str = "") -> str:
-    key = (store, table.name, table.version)
-    if key not in _EMBEDDER_AT:
-        _EMBEDDER_AT[key] = _read_embedder(table)
-    return _EMBEDDER_AT[key]
-
-
-_EXPIRING_AT: dict[tuple[str, str, int], bool] = {}  # (store, table, version) -> any row with an expiry
+    return _version_fact(table, store, "embedder", _read_embedder)
 
 
 def _has_expiring_rows(table: lancedb.table.Table, store: str) -> bool:
     """Tell whether any row of this table version can expire (tables from before the column cannot)."""
-    key = (store, table.name, table.version)
-    if key not in _EXPIRING_AT:
-        _EXPIRING_AT[key] = "expires_at" in table.schema.names and table.count_rows("expires_at IS NOT NULL") > 0
-    return _EXPIRING_AT[key]
+    return _version_fact(table, store, "expiring", lambda t: "expires_at" in t.schema.names
+                         and t.count_rows("expires_at IS NOT NULL") > 0)
 
 
 def _read_embedder(table: lancedb.table.Table) -> str:
@@ -372,40 +375,39 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
     and next chunks of each hit. An explicit embedder must match the table's vector space.
     variant: search a named index variant's table instead of the main one.
     """
-    cfg = config if isinstance(config, InletConfig) else _load_config(Path(config))
-    cfg = select_variant(cfg, variant)
+    cfg = select_variant(config if isinstance(config, InletConfig) else _load_config(Path(config)), variant)
     use_secret_block(cfg.api_key_block)
     mode = mode or cfg.query.mode
     if mode not in ("vector", "fulltext", "hybrid"):
         msg = f"mode '{mode}' is not one of vector, fulltext, hybrid"
         raise QueryError(msg)
-    try:
-        table = _open_chunks(cfg, as_of)
-        table.version  # noqa: B018 - a cached table whose dataset was dropped and made anew fails here
-    except (OSError, RuntimeError, ValueError):
-        _TABLES.pop((str(cfg.store.uri), cfg.store.chunks_table), None)
-        table = _open_chunks(cfg, as_of)
-    vector: list[list[float]] = []
-
-    def embed() -> list[float]:  # only vector and hybrid searches pay for a query embedding
-        nonlocal embedder
-        if not vector:
-            check_embedder(_table_embedder(table, str(cfg.store.uri)), embedder)
-            vector.append(embedder.embed([text])[0])
-        return vector[0]
-
+    store = str(cfg.store.uri)
+    table = _current_table(cfg, as_of)
     guard = clearance_clause(clearance)
-    if _has_expiring_rows(table, str(cfg.store.uri)):  # most stores have none: spare every query the clause
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")
-        guard += f" AND (expires_at IS NULL OR expires_at > TIMESTAMP '{now}')"
+    if _has_expiring_rows(table, store):  # most stores have none: spare every query the clause
+        guard += f" AND (expires_at IS NULL OR expires_at > TIMESTAMP '{datetime.now(UTC):%Y-%m-%dT%H:%M:%S}')"
     filters = where_clause(where)
     clause = f"({guard}) AND ({filters})" if filters else guard
-    languages = None
     if mode != "fulltext":
-        embedder = embedder or query_embedder(_table_embedder(table, str(cfg.store.uri)), cfg.embedding)
-        languages = getattr(embedder, "languages", None)
+        table_fp = _table_embedder(table, store)
+        embedder = embedder or query_embedder(table_fp, cfg.embedding)
+        check_embedder(table_fp, embedder)
+    # Only vector and hybrid searches pay for a query embedding, and only once with a fallback.
+    embed = functools.cache(lambda: embedder.embed([text])[0])
+    languages = getattr(embedder, "languages", None)
     hits, notices = _ranked(table, text, mode, clause, k, cfg.query, embed, languages)
     if not hits and filters and fallback:
         hits, more = _ranked(table, text, mode, guard, k, cfg.query, embed, languages)
         notices += [f"nothing matched the filters ({filters}); these results ignore them", *more]
     return SearchResults(_with_neighbors(table, hits, neighbors), notices)
+
+
+def _current_table(cfg: InletConfig, as_of: int | str | datetime | None) -> lancedb.table.Table:
+    """Open the chunks table (cached per store), reopening it when its dataset was dropped and made anew."""
+    try:
+        table = _open_chunks(cfg, as_of)
+        table.version  # noqa: B018 - a cached table whose dataset was dropped fails here
+    except (OSError, RuntimeError, ValueError):
+        _TABLES.pop((str(cfg.store.uri), cfg.store.chunks_table), None)
+        table = _open_chunks(cfg, as_of)
+    return table

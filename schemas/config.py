@@ -254,9 +254,6 @@ class VariantConfig(_Strict):
     enrichment: dict[str, Any] = Field(default_factory=dict, description="Overrides of the enrichment section.")
     embedding: dict[str, Any] = Field(default_factory=dict, description="Overrides of the embedding section.")
 
-    def __hash__(self) -> int:  # dict fields: hash their JSON so configs stay usable as cache keys
-        return hash(json.dumps(self.model_dump(mode="json"), sort_keys=True))
-
 
 class InletConfig(_Strict):
     """The whole pipeline configuration."""
@@ -274,9 +271,6 @@ class InletConfig(_Strict):
     variants: dict[str, VariantConfig] = Field(
         default_factory=dict, description="Named index variants built from the same extracted documents, each "
         "in tables <chunks_table>__<name> and documents__<name>, e.g. header-only vs merged sections.")
-
-    def __hash__(self) -> int:
-        return hash(self.fingerprint())
 
     @field_validator("variants")
     @classmethod

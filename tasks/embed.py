@@ -11,7 +11,7 @@ import pyarrow as pa
 from prefect import get_run_logger
 
 from providers.embedders import Embedder, embedder_spec, make_embedder
-from providers.gemini_batch import JobLedger, Polling
+from providers.gemini_batch import JobLedger, batch_polling
 from providers.pricing import model_cost
 from providers.tokenizer import count_tokens
 from schemas.arrow import (
@@ -107,19 +107,6 @@ def embedding_usage(embedder: Embedder, embedded: pa.Table, inputs: list[str], c
             "embed_saved_usd": model_cost(pricing, cfg.model, prompt=saved_tokens)}
 
 
-def batch_mode_call(embedder: Embedder, cfg: EmbeddingConfig, jobs_dir: Path, todo: set[str]) -> BatchCall | None:
-    """Return the Batch Mode call when this run should use it: asked for, enough texts, or a job left to resume."""
-    run_batch = getattr(embedder, "embed_batch", None)
-    if run_batch is None or cfg.batch.mode == "never" or not todo:
-        return None
-    ledger = JobLedger(jobs_dir)
-    resumable = any(todo & set(job.keys) for job in ledger.open_jobs("embed"))
-    if not (cfg.batch.mode == "always" or len(todo) >= cfg.batch.min_rows or resumable):
-        return None
-    polling = Polling(cfg.batch.poll_initial_s, cfg.batch.poll_max_s, cfg.batch.max_wait_s)
-    return lambda texts, titles, keys: run_batch(texts, titles, keys, ledger, polling, report_batch_job("gemini-embedding-batch-job"))
-
-
 @stage("embed")
 def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, enrichment: EnrichmentConfig,
                 pricing: PricingConfig, store_uri: str, chunks_table: str, run_dir: str, jobs_dir: str) -> dict:
@@ -140,7 +127,14 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
     keys = [embed_key(t, spec.fingerprint, title) for t, title in zip(inputs, titles)]
     cached = select_where_in(table, "embed_key", keys, ["embed_key", "truncated", "vector"], schema)
     embedder = make_embedder(cfg)
-    batch_call = batch_mode_call(embedder, cfg, Path(jobs_dir), set(keys) - set(cached["embed_key"].to_pylist()))
+    batch_call = None
+    run_batch = getattr(embedder, "embed_batch", None)
+    ledger = JobLedger(Path(jobs_dir))
+    pending = set(keys) - set(cached["embed_key"].to_pylist())
+    polling = batch_polling(cfg.batch, ledger, "embed", pending) if run_batch else None
+    if polling is not None:
+        report = report_batch_job("gemini-embedding-batch-job")
+        batch_call = lambda texts, ts, ks: run_batch(texts, ts, ks, ledger, polling, report)  # noqa: E731
     embedded = embed_chunks(enriched, inputs, titles, embedder, cached, cfg.batch_size, batch_call)
     made = sum(embedded["embedded_now"].to_pylist())
     get_run_logger().info("embedded %d of %d chunks (%d reused, %d truncated by the model)", made,

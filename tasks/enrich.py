@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from prefect import get_run_logger
 
 from providers.enrichers import Enricher, EnrichInput, Usage, make_enricher
-from providers.gemini_batch import JobLedger, Polling
+from providers.gemini_batch import JobLedger, batch_polling
 from providers.pricing import model_cost
 from providers.tokenizer import count_tokens
 from schemas.arrow import (
@@ -59,10 +59,11 @@ BatchCall = Callable[[list[EnrichInput], list[str | None], list[str]], list[str 
 
 def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher | None,
                   cached: dict[str, str], documents: list[str | None] | None = None, batch_size: int = 50,
-                  batch_call: BatchCall | None = None) -> pa.Table:
+                  batch_call: BatchCall | None = None, keys: list[str] | None = None) -> pa.Table:
     """Add enrichment columns; call the enricher only for keys not in cached (each key once).
 
     With batch_call, every missing key goes to it at once (Gemini Batch Mode) instead of batch_size at a time.
+    keys: the rows' cache keys when the caller has them already.
     """
     n = chunks.num_rows
     if enricher is None:
@@ -70,7 +71,7 @@ def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher
         return chunks.append_column("enrichment", nulls.cast(pa.large_string())).append_column(
             "enricher", nulls).append_column("enrich_key", nulls).append_column("enriched_now", pa.array([False] * n))
     docs = documents or [None] * n
-    keys = [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, docs)]
+    keys = keys or [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, docs)]
     todo = {k: (i, d) for k, i, d in zip(keys, items, docs) if k not in cached}
     fresh: dict[str, str | None] = {}
     pending = list(todo.items())
@@ -145,21 +146,6 @@ def enrichment_usage(enricher: Enricher | None, before: Usage, enriched: pa.Tabl
     }
 
 
-def batch_mode_call(enricher: Enricher | None, cfg: EnrichmentConfig, jobs_dir: Path, items: list[EnrichInput],
-                    documents: list[str | None], cached: dict[str, str]) -> BatchCall | None:
-    """Return the Batch Mode call when this run should use it: asked for, enough rows, or a job left to resume."""
-    run_batch = getattr(enricher, "enrich_batch", None)
-    if run_batch is None or cfg.batch.mode == "never":
-        return None
-    ledger = JobLedger(jobs_dir)
-    keys = {enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, documents)} - cached.keys()
-    resumable = any(keys & set(job.keys) for job in ledger.open_jobs("enrich"))
-    if not (cfg.batch.mode == "always" or len(keys) >= cfg.batch.min_rows or resumable):
-        return None
-    polling = Polling(cfg.batch.poll_initial_s, cfg.batch.poll_max_s, cfg.batch.max_wait_s)
-    return lambda its, docs, ks: run_batch(its, docs, ks, ledger, polling, report_batch_job("gemini-batch-job"))
-
-
 @stage("enrich")
 def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, pricing: PricingConfig,
                  store_uri: str, chunks_table: str, run_dir: str, jobs_dir: str) -> dict:
@@ -173,14 +159,21 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
         text_of = document_texts(chunks)
         documents = [text_of.get(d) for d in chunks["doc_id"].to_pylist()]
     cached: dict[str, str] = {}
+    keys: list[str] = []
     if enricher is not None and items:
         keys = [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, documents)]
         table = open_table(connect(store_uri), chunks_table)
         found = select_where_in(table, "enrich_key", keys, ["enrich_key", "enrichment"], ENRICHED_CHUNKS_SCHEMA)
         cached = dict(zip(found["enrich_key"].to_pylist(), found["enrichment"].to_pylist()))
     before = replace(getattr(enricher, "usage", Usage()))
-    batch_call = batch_mode_call(enricher, cfg, Path(jobs_dir), items, documents, cached)
-    enriched = enrich_chunks(chunks, items, enricher, cached, documents, cfg.batch_size, batch_call)
+    batch_call = None
+    run_batch = getattr(enricher, "enrich_batch", None)
+    ledger = JobLedger(Path(jobs_dir))
+    polling = batch_polling(cfg.batch, ledger, "enrich", set(keys) - cached.keys()) if run_batch else None
+    if polling is not None:
+        report = report_batch_job("gemini-batch-job")
+        batch_call = lambda its, docs, ks: run_batch(its, docs, ks, ledger, polling, report)  # noqa: E731
+    enriched = enrich_chunks(chunks, items, enricher, cached, documents, cfg.batch_size, batch_call, keys or None)
     usage = enrichment_usage(enricher, before, enriched, items, documents, cfg, pricing)
     made = sum(enriched["enriched_now"].to_pylist())
     failed = failed_enrichments(enriched)
