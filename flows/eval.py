@@ -34,16 +34,29 @@ class Dataset:
 
 
 def _jsonl(path: Path) -> list[dict]:
+    rows = []
     with path.open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                msg = f"{path}:{number}: not a JSON object: {exc.msg}"
+                raise ConfigError(msg) from None
+    return rows
 
 
 def load_beir(folder: Path, split: str = "test") -> Dataset:
     """Read corpus.jsonl, queries.jsonl and qrels/<split>.tsv (query-id, corpus-id, score; a header line)."""
     qrels: dict[str, dict[str, int]] = {}
     with (folder / "qrels" / f"{split}.tsv").open(encoding="utf-8") as fh:
-        for row in csv.DictReader(fh, delimiter="\t"):
-            qrels.setdefault(str(row["query-id"]), {})[str(row["corpus-id"])] = int(row["score"])
+        for number, row in enumerate(csv.DictReader(fh, delimiter="\t"), 2):
+            try:
+                qrels.setdefault(str(row["query-id"]), {})[str(row["corpus-id"])] = int(row["score"])
+            except (KeyError, TypeError, ValueError):
+                msg = f"{folder / 'qrels' / f'{split}.tsv'}:{number}: expected query-id, corpus-id and an integer score"
+                raise ConfigError(msg) from None
     queries = {str(q["_id"]): q["text"] for q in _jsonl(folder / "queries.jsonl")}
     documents = [{"_id": str(d["_id"]), "title": d.get("title") or "", "text": d.get("text") or ""}
                  for d in _jsonl(folder / "corpus.jsonl")]
@@ -67,7 +80,11 @@ def load_questions_csv(path: Path) -> Dataset:
 def load_dataset(path: str | Path) -> Dataset:
     """Load a BEIR folder or a questions CSV."""
     path = Path(path)
-    if path.is_dir() and (path / "corpus.jsonl").is_file():
+    if path.is_dir():
+        missing = [n for n in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv") if not (path / n).is_file()]
+        if missing:
+            msg = f"{path}: a BEIR folder needs {', '.join(missing)}"
+            raise ConfigError(msg)
         return load_beir(path)
     if path.suffix.lower() == ".csv" and path.is_file():
         return load_questions_csv(path)

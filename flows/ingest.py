@@ -43,6 +43,17 @@ class _StageClock:
             self.seconds[name] = round(time.perf_counter() - start, 3)
 
 
+def unpriced_models(cfg: InletConfig) -> list[str]:
+    """Name the Gemini models this config calls that the price table does not list (their cost shows as 0)."""
+    used = []
+    if cfg.enrichment.enabled and cfg.enrichment.provider == "gemini":
+        used.append(cfg.enrichment.model)
+    if cfg.embedding.kind == "gemini":
+        used.append(cfg.embedding.model)
+    return [f"no price for {m} in pricing.models: its cost is reported as 0" for m in used
+            if m not in cfg.pricing.models]
+
+
 def new_run_id(now: datetime) -> str:
     """Return a sortable, unique run id such as run-20261122T101500-1a2b3c."""
     return f"run-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
@@ -70,7 +81,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         embedding, key_notice = resolve_embedding(vcfg.embedding)
         enrichment, enrich_notice = resolve_enrichment(vcfg.enrichment)
         vcfg = vcfg.model_copy(update={"embedding": embedding, "enrichment": enrichment})
-        notices = [n for n in (key_notice, enrich_notice) if n]
+        notices = [n for n in (key_notice, enrich_notice, *unpriced_models(vcfg)) if n]
         variants.append((name, vcfg, run_dir if name is None else f"{run_dir}/{name}", notices))
 
     listing = clock.run("crawl", crawl_stage, cfg, run_dir)

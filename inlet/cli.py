@@ -163,6 +163,20 @@ def diff(
                   f"{len(change.chunks_changed)} re-enriched or re-embedded")
 
 
+def _weights(text: str) -> tuple[float, float]:
+    """Parse VECTOR:FULLTEXT hybrid weights."""
+    parts = text.split(":")
+    try:
+        vector, fulltext = (float(p) for p in parts)
+    except ValueError:
+        msg = f"--sweep expects VECTOR:FULLTEXT weights such as 1:0.5, got '{text}'"
+        raise ValueError(msg) from None
+    if vector < 0 or fulltext < 0:
+        msg = f"--sweep weights cannot be negative, got '{text}'"
+        raise ValueError(msg)
+    return vector, fulltext
+
+
 @app.command(name="eval")
 def eval_(
     dataset: Annotated[Path, typer.Argument(help="A BEIR folder (corpus.jsonl, queries.jsonl, qrels/test.tsv) "
@@ -177,7 +191,7 @@ def eval_(
     from flows.eval import evaluate
 
     try:
-        weights = [tuple(float(x) for x in w.split(":")) for w in sweep or []]
+        weights = [_weights(w) for w in sweep or []]
         report = evaluate(dataset=str(dataset), config_path=str(config), workdir=str(workdir) if workdir else None,
                           sweep=weights or None)
     except (InletError, ValueError) as exc:

@@ -13,7 +13,7 @@ from google import genai
 from google.genai import types
 
 from schemas.config import BatchModeConfig
-from schemas.errors import BatchPendingError
+from schemas.errors import BatchPendingError, StoreError
 
 DONE_STATES = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED"}
 
@@ -43,9 +43,17 @@ class JobLedger:
         """Return the jobs of a kind that no run has collected yet, oldest first."""
         if not self._folder.is_dir():
             return []
-        jobs = [JobRecord(**json.loads(p.read_text(encoding="utf-8"))) for p in sorted(self._folder.glob("*.json"))]
+        jobs = [self._read(p) for p in sorted(self._folder.glob("*.json"))]
         return sorted((j for j in jobs if j.kind == kind), key=lambda j: j.submitted_at)
 
+    @staticmethod
+    def _read(path: Path) -> JobRecord:
+        try:
+            return JobRecord(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError) as exc:
+            msg = (f"{path}: unreadable Gemini batch job record ({exc}); it names a job that may still run and be "
+                   "billed: look it up with `client.batches.get`, then fix or delete the file")
+            raise StoreError(msg) from None
 
     def save(self, job: JobRecord) -> None:
         """Record a job (atomically: a crash leaves the old record or the new one)."""

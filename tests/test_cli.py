@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+
+import pytest
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +53,12 @@ def test_ingest_then_query_from_the_command_line(corpus, write_config):
     assert same.returncode == 0 and "0 added, 0 removed" in same.stdout, same.stderr[-2000:]
     bad = _run("query", "x", "--mode", "semantic", "--config", str(config))
     assert bad.returncode == 2 and "mode 'semantic' is not one of" in bad.stderr
+
+
+def test_sweep_weights_are_parsed_or_refused_with_the_expected_form():
+    from inlet.cli import _weights
+
+    assert _weights("1:0.5") == (1.0, 0.5)
+    for bad in ("1", "a:b", "1:2:3", "-1:1"):
+        with pytest.raises(ValueError, match="--sweep"):
+            _weights(bad)

@@ -63,3 +63,25 @@ def test_questions_csv_over_the_configs_own_sources(corpus, tmp_path, write_conf
     report = evaluate(dataset=str(questions), config_path=str(write_config(corpus)),
                       workdir=str(tmp_path / "work"), modes=("fulltext",))
     assert report["results"][0]["mrr@10"] > 0.5
+
+
+def test_bad_datasets_are_refused_naming_the_file(tmp_path):
+    from schemas.errors import ConfigError
+
+    folder = tmp_path / "half"
+    folder.mkdir()
+    (folder / "corpus.jsonl").write_text('{"_id": "1", "text": "x"}\n')
+    with pytest.raises(ConfigError, match=r"half: a BEIR folder needs queries.jsonl, qrels/test.tsv"):
+        load_dataset(folder)
+    (folder / "queries.jsonl").write_text('{"_id": "q1", "text": "x"}\nnot json\n')
+    (folder / "qrels").mkdir()
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\t1\tthree\n")
+    with pytest.raises(ConfigError, match=r"test.tsv:2: expected query-id, corpus-id and an integer score"):
+        load_dataset(folder)
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\t1\t1\n")
+    with pytest.raises(ConfigError, match=r"queries.jsonl:2: not a JSON object"):
+        load_dataset(folder)
+    bad_csv = tmp_path / "q.csv"
+    bad_csv.write_text("question,answer\nx,y\n")
+    with pytest.raises(ConfigError, match="needs the columns question and gold"):
+        load_dataset(bad_csv)

@@ -162,3 +162,12 @@ def test_a_run_killed_while_waiting_for_its_batch_job_is_resumed_by_the_next(wri
         assert resumed["texts_enriched"] == resumed["chunks_added"] > 0 and all(_enrichments(config))
     finally:
         srv.stop()
+
+
+def test_a_corrupt_batch_job_record_is_reported_with_its_file(tmp_path):
+    from providers.gemini_batch import JobLedger
+    from schemas.errors import StoreError
+
+    (tmp_path / "batches_job1.json").write_text('{"name": "batches/job1", "kind": ')
+    with pytest.raises(StoreError, match=r"batches_job1.json: unreadable Gemini batch job record"):
+        JobLedger(tmp_path).open_jobs("enrich")

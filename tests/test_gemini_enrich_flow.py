@@ -131,6 +131,7 @@ def test_tokens_and_cost_are_in_the_report_and_the_runs_table(write_config, corp
     monkeypatch.setenv("GEMINI_API_KEY", KEY)
     config = _config(write_config, corpus, server)
     summary = ingest(config_path=str(config))
+    assert not any("no price for" in n for n in summary["notices"])
     assert summary["llm_calls"] == _generate_calls(server)
     assert summary["llm_prompt_tokens"] > 0 and summary["llm_output_tokens"] > 0
     price = DEFAULT_PRICES["gemini-2.5-flash"]
@@ -171,3 +172,11 @@ def test_api_key_from_a_prefect_secret_block_never_leaks(write_config, corpus, s
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
     assert KEY not in caplog.text and KEY not in str(summary)
+
+
+def test_a_model_missing_from_the_price_table_is_named_in_the_report(write_config, corpus, server, monkeypatch):
+    monkeypatch.setenv("GEMINI_API_KEY", KEY)
+    config = _config(write_config, corpus, server, model="gemini-9-experimental")
+    summary = ingest(config_path=str(config))
+    assert "no price for gemini-9-experimental in pricing.models: its cost is reported as 0" in summary["notices"]
+    assert summary["llm_calls"] > 0 and summary["llm_cost_usd"] == 0.0
