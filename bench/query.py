@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/query.py                     # 100k and 1M chunks, 200 queries per mode
     .venv/bin/python bench/query.py --sizes 100000 --queries 50
+    .venv/bin/python bench/query.py --sizes 1000000 --store /work/q1m   # build once, then re-time
 
 A chunks table with Inlet's schema is written with synthetic 384-d vectors (a mixture of 2,000
 clusters, the shape real embeddings have) and texts cycled from ../shared/corpora/markdown
@@ -29,9 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import providers  # noqa: E402,F401 - offline switches first
-from query.search import search  # noqa: E402
+from query.search import search, warm  # noqa: E402
 from schemas.arrow import chunk_rows_schema  # noqa: E402
 from tasks.load import refresh_indexes  # noqa: E402
+from tasks.store import connect  # noqa: E402
 
 DIM = 384
 CORPUS = ROOT.parent / "shared" / "corpora" / "markdown"
@@ -77,11 +79,9 @@ def synthetic_batch(start: int, n: int, centres: np.ndarray, texts: list[str], r
 
 def build(store: Path, size: int, texts: list[str], seed: int = 1) -> tuple[float, float]:
     """Write size rows in batches and index them; return (write seconds, index seconds)."""
-    import lancedb
-
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(2_000, DIM)).astype(np.float32)
-    db = lancedb.connect(str(store))
+    db = connect(store)  # the write path's own connection: same file format as ingested tables
     start = time.perf_counter()
     table = None
     for begin in range(0, size, 100_000):
@@ -96,7 +96,8 @@ def build(store: Path, size: int, texts: list[str], seed: int = 1) -> tuple[floa
 
 
 def latencies(config: Path, queries: list[str], mode: str) -> list[float]:
-    """Milliseconds per search() call, after one warm-up call."""
+    """Milliseconds per search() call in a warmed-up process (warm(), then one search), as a search service runs."""
+    warm(config)
     search(queries[0], k=10, mode=mode, config=config)
     out = []
     for q in queries:
@@ -107,7 +108,7 @@ def latencies(config: Path, queries: list[str], mode: str) -> list[float]:
 
 
 def ann_recall(store: Path, n_queries: int, seed: int = 2) -> float:
-    """Mean overlap of the ANN top 10 (at search()'s nprobes and ef) with the exact top 10, for perturbed data points."""
+    """Mean overlap of the ANN top 10 (at search()'s nprobes, ef and refine factor) with the exact top 10, for perturbed data points."""
     import lancedb
 
     from schemas.config import QueryConfig
@@ -121,8 +122,8 @@ def ann_recall(store: Path, n_queries: int, seed: int = 2) -> float:
     overlap = []
     for v in picks:
         q = v + rng.normal(scale=0.05, size=DIM).astype(np.float32)
-        ann = (table.search(q).distance_type("cosine").nprobes(qcfg.nprobes).ef(qcfg.ef).limit(10)
-               .select(["chunk_id", "_distance"]).to_arrow()["chunk_id"])
+        ann = (table.search(q).distance_type("cosine").nprobes(qcfg.nprobes).ef(qcfg.ef)
+               .refine_factor(qcfg.refine_factor).limit(10).select(["chunk_id", "_distance"]).to_arrow()["chunk_id"])
         exact = (table.search(q).distance_type("cosine").bypass_vector_index().limit(10).select(["chunk_id", "_distance"])
                  .to_arrow()["chunk_id"])
         overlap.append(len(set(ann.to_pylist()) & set(exact.to_pylist())) / 10)
@@ -139,7 +140,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--store", type=Path, help="keep the table in this folder (one size): built on the first "
+                        "run, re-timed on the next ones")
     args = parser.parse_args()
+    if args.store and len(args.sizes) != 1:
+        parser.error("--store takes one size")
     texts = paragraphs()
     rng = np.random.default_rng(3)
     queries = [" ".join(t.split()[:8]) for t in (texts[i] for i in rng.choice(len(texts), args.queries))]
@@ -147,12 +152,15 @@ def main() -> None:
     print(f"{'chunks':>9} {'mode':>9} {'p50 ms':>8} {'p95 ms':>8} | build: write s, index s | ANN recall@10")
     for size in args.sizes:
         with tempfile.TemporaryDirectory(dir=ROOT.parent if (ROOT.parent / "shared").exists() else None) as tmp:
-            store = Path(tmp) / "lancedb"
-            written, indexed = build(store, size, texts)
-            config = Path(tmp) / "inlet.yaml"
-            config.write_text(yaml.safe_dump({"sources": [{"name": "bench", "path": tmp}],
+            folder = args.store or Path(tmp)
+            store = folder / "lancedb"
+            written = indexed = 0.0
+            if not (store / "chunks.lance").exists():
+                written, indexed = build(store, size, texts)
+            config = folder / "inlet.yaml"
+            config.write_text(yaml.safe_dump({"sources": [{"name": "bench", "path": str(folder)}],
                                               "embedding": {"kind": "hashing", "dim": DIM},
-                                              "store": {"uri": str(store), "artifacts": str(Path(tmp) / "runs")}}))
+                                              "store": {"uri": str(store), "artifacts": str(folder / "runs")}}))
             recall = ann_recall(store, 100)
             for mode in ("vector", "fulltext", "hybrid"):
                 ms = latencies(config, queries, mode)

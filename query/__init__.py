@@ -3,7 +3,7 @@
 import providers  # noqa: F401 - offline switches before any model library loads
 from query.history import Diff, diff, versions
 from query.prompt import build_prompt, build_related_questions_prompt
-from query.search import Citation, Neighbor, SearchResult, SearchResults, search
+from query.search import Citation, Neighbor, SearchResult, SearchResults, search, warm
 
 __all__ = ["Citation", "Diff", "Neighbor", "SearchResult", "SearchResults", "build_prompt",
-           "build_related_questions_prompt", "diff", "search", "versions"]
+           "build_related_questions_prompt", "diff", "search", "versions", "warm"]

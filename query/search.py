@@ -20,8 +20,10 @@ from schemas.errors import EmbedderMismatchError, QueryError, StoreError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 _COLUMNS = ("source", "doc_type", "access_level", "language", "title", "uri", "doc_id")
+# Every column a result needs. Each costs a random read per hit, so hybrid sides fetch _RANKING only.
 _SELECT = ["chunk_id", "doc_id", "text", "title", "uri", "heading_path", "page_start", "page_end", "source",
-           "doc_type", "tags", "access_level", "language", "extra", "chunk_index", "total_chunks", "embedder"]
+           "doc_type", "tags", "access_level", "language", "extra", "chunk_index", "total_chunks"]
+_RANKING = ["chunk_id", "language"]
 
 
 @dataclass(frozen=True)
@@ -181,9 +183,10 @@ def _aware(moment: datetime) -> datetime:
 _VERSION_FACTS: dict[tuple[str, str, int, str], object] = {}  # (store, table, version, fact) -> value
 
 
-def _version_fact(table: lancedb.table.Table, store: str, fact: str, compute: Callable[[lancedb.table.Table], T]) -> T:
+def _version_fact(table: lancedb.table.Table, store: str, version: int, fact: str,
+                  compute: Callable[[lancedb.table.Table], T]) -> T:
     """Compute a fact about a table version once: versions never change, so neither do their facts."""
-    key = (store, table.name, table.version, fact)
+    key = (store, table.name, version, fact)
     if key not in _VERSION_FACTS:
         if len(_VERSION_FACTS) > 1024:  # a long-lived process sees many versions; old ones are not asked again
             _VERSION_FACTS.clear()
@@ -191,14 +194,18 @@ def _version_fact(table: lancedb.table.Table, store: str, fact: str, compute: Ca
     return _VERSION_FACTS[key]  # type: ignore[return-value]
 
 
-def _table_embedder(table: lancedb.table.Table, store: str = "") -> str:
-    return _version_fact(table, store, "embedder", _read_embedder)
+def _table_embedder(table: lancedb.table.Table, store: str, version: int) -> str:
+    return _version_fact(table, store, version, "embedder", _read_embedder)
 
 
-def _has_expiring_rows(table: lancedb.table.Table, store: str) -> bool:
+def _has_expiring_rows(table: lancedb.table.Table, store: str, version: int) -> bool:
     """Tell whether any row of this table version can expire (tables from before the column cannot)."""
-    return _version_fact(table, store, "expiring", lambda t: "expires_at" in t.schema.names
+    return _version_fact(table, store, version, "expiring", lambda t: "expires_at" in t.schema.names
                          and t.count_rows("expires_at IS NOT NULL") > 0)
+
+
+def _has_fulltext_index(table: lancedb.table.Table, store: str, version: int) -> bool:
+    return _version_fact(table, store, version, "fts", lambda t: any(i.index_type == "FTS" for i in t.list_indices()))
 
 
 def _read_embedder(table: lancedb.table.Table) -> str:
@@ -257,19 +264,36 @@ def fuse(rankings: list[tuple[float, list[str]]], rrf_k: int) -> dict[str, float
 
 
 def _vector_rows(table: lancedb.table.Table, vector: list[float], clause: str, limit: int,
-                 qcfg: QueryConfig) -> list[dict]:
+                 qcfg: QueryConfig, columns: list[str] = _SELECT) -> list[dict]:
     query = (table.search(vector, vector_column_name="vector").distance_type("cosine").nprobes(qcfg.nprobes)
              .ef(qcfg.ef).where(clause, prefilter=True))
-    return query.select([*_SELECT, "_distance"]).limit(limit).to_arrow().to_pylist()
+    if qcfg.refine_factor > 1:
+        query = query.refine_factor(qcfg.refine_factor)
+    return query.select([*columns, "_distance"]).with_row_id(True).limit(limit).to_arrow().to_pylist()
 
 
-def _fulltext_rows(table: lancedb.table.Table, text: str, clause: str, limit: int) -> list[dict]:
-    if not any(i.index_type == "FTS" for i in table.list_indices()):
-        msg = (f"table '{table.name}' (version {table.version}) has no full-text index: run `inlet ingest` with "
-               "query.fulltext_index on, or search in vector mode")
-        raise QueryError(msg)
+def _fulltext_rows(table: lancedb.table.Table, text: str, clause: str, limit: int,
+                   columns: list[str] = _SELECT) -> list[dict]:
     query = table.search(text, query_type="fts", fts_columns="text").where(clause, prefilter=True)
-    return query.select([*_SELECT, "_score"]).limit(limit).to_arrow().to_pylist()
+    return query.select([*columns, "_score"]).with_row_id(True).limit(limit).to_arrow().to_pylist()
+
+
+class _RowsMoved(Exception):
+    """Rows found by id in one version were gone when fetched: a run committed in between."""
+
+
+def _fetch(table: lancedb.table.Table, row_ids: list[int]) -> dict[int, dict]:
+    """Fetch the full rows of the final hits by row id (one random read per column and hit)."""
+    if not row_ids:
+        return {}
+    try:
+        rows = table.take_row_ids(row_ids).select(_SELECT).with_row_id().to_arrow().to_pylist()
+    except (OSError, RuntimeError, ValueError) as exc:  # their data file compacted away meanwhile
+        raise _RowsMoved from exc
+    found = {r["_rowid"]: r for r in rows}
+    if len(found) != len(set(row_ids)):
+        raise _RowsMoved
+    return found
 
 
 def query_language(text: str) -> str | None:
@@ -324,19 +348,22 @@ def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: i
     if mode == "fulltext":
         return [_result(r, float(r["_score"])) for r in _fulltext_rows(table, text, clause, k)], []
     depth = k * qcfg.candidates
-    # Both sides at once (LanceDB works outside the GIL); the vector side is dropped below if its weight is 0.
-    dense_future = _SIDES.submit(_vector_rows, table, embed(), clause, depth, qcfg) if qcfg.vector_weight > 0 else None
-    sparse = _fulltext_rows(table, text, clause, depth) if qcfg.fulltext_weight > 0 else []
+    # Both sides at once (LanceDB works outside the GIL), ids only; the vector side is dropped below if its
+    # weight is 0. Only the k fused winners are then fetched whole: 2 x depth full rows cost ~40% more.
+    dense_future = (_SIDES.submit(_vector_rows, table, embed(), clause, depth, qcfg, _RANKING)
+                    if qcfg.vector_weight > 0 else None)
+    sparse = _fulltext_rows(table, text, clause, depth, _RANKING) if qcfg.fulltext_weight > 0 else []
     dense = dense_future.result() if dense_future is not None else []
     share, why = vector_share(languages, query_language(text) if languages is not None else None,
                               [r["language"] for r in sparse])
     weight = qcfg.vector_weight * share
     dense = dense if weight > 0 else []
-    rows = {r["chunk_id"]: r for r in [*sparse, *dense]}
+    row_ids = {r["chunk_id"]: r["_rowid"] for r in [*sparse, *dense]}
     scores = fuse([(weight, [r["chunk_id"] for r in dense]),
                    (qcfg.fulltext_weight, [r["chunk_id"] for r in sparse])], qcfg.rrf_k)
     best = sorted(scores, key=lambda c: (-scores[c], c))[:k]
-    return [_result(rows[c], scores[c]) for c in best], [why] if why else []
+    rows = _fetch(table, [row_ids[c] for c in best])
+    return [_result(rows[row_ids[c]], scores[c]) for c in best], [why] if why else []
 
 
 def _with_neighbors(table: lancedb.table.Table, hits: list[SearchResult], n: int) -> list[SearchResult]:
@@ -381,33 +408,77 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
     if mode not in ("vector", "fulltext", "hybrid"):
         msg = f"mode '{mode}' is not one of vector, fulltext, hybrid"
         raise QueryError(msg)
-    store = str(cfg.store.uri)
-    table = _current_table(cfg, as_of)
-    guard = clearance_clause(clearance)
-    if _has_expiring_rows(table, store):  # most stores have none: spare every query the clause
-        guard += f" AND (expires_at IS NULL OR expires_at > TIMESTAMP '{datetime.now(UTC):%Y-%m-%dT%H:%M:%S}')"
+    allowed = clearance_clause(clearance)
     filters = where_clause(where)
-    clause = f"({guard}) AND ({filters})" if filters else guard
-    if mode != "fulltext":
-        table_fp = _table_embedder(table, store)
-        embedder = embedder or query_embedder(table_fp, cfg.embedding)
-        check_embedder(table_fp, embedder)
-    # Only vector and hybrid searches pay for a query embedding, and only once with a fallback.
-    embed = functools.cache(lambda: embedder.embed([text])[0])
-    languages = getattr(embedder, "languages", None)
-    hits, notices = _ranked(table, text, mode, clause, k, cfg.query, embed, languages)
-    if not hits and filters and fallback:
-        hits, more = _ranked(table, text, mode, guard, k, cfg.query, embed, languages)
-        notices += [f"nothing matched the filters ({filters}); these results ignore them", *more]
-    return SearchResults(_with_neighbors(table, hits, neighbors), notices)
+    store = str(cfg.store.uri)
+    table, version = _current_table(cfg, as_of)
+
+    def run(table: lancedb.table.Table, version: int) -> SearchResults:
+        # Everything that depends on the table version is decided here, against the version read.
+        fulltext = mode == "fulltext" or (mode == "hybrid" and cfg.query.fulltext_weight > 0)
+        if fulltext and not _has_fulltext_index(table, store, version):
+            msg = (f"table '{table.name}' (version {version}) has no full-text index: run `inlet ingest` with "
+                   "query.fulltext_index on, or search in vector mode")
+            raise QueryError(msg)
+        guard = allowed
+        if _has_expiring_rows(table, store, version):  # most stores have none: spare every query the clause
+            guard += f" AND (expires_at IS NULL OR expires_at > TIMESTAMP '{datetime.now(UTC):%Y-%m-%dT%H:%M:%S}')"
+        clause = f"({guard}) AND ({filters})" if filters else guard
+        chosen = embedder
+        if mode != "fulltext":
+            table_fp = _table_embedder(table, store, version)
+            chosen = embedder or query_embedder(table_fp, cfg.embedding)
+            check_embedder(table_fp, chosen)
+        # Only vector and hybrid searches pay for a query embedding, and only once with a fallback.
+        embed = functools.cache(lambda: chosen.embed([text])[0])
+        languages = getattr(chosen, "languages", None)
+        hits, notices = _ranked(table, text, mode, clause, k, cfg.query, embed, languages)
+        if not hits and filters and fallback:
+            hits, more = _ranked(table, text, mode, guard, k, cfg.query, embed, languages)
+            notices += [f"nothing matched the filters ({filters}); these results ignore them", *more]
+        return SearchResults(_with_neighbors(table, hits, neighbors), notices)
+
+    return _in_one_version(cfg, table, version, as_of is not None, run)
 
 
-def _current_table(cfg: InletConfig, as_of: int | str | datetime | None) -> lancedb.table.Table:
-    """Open the chunks table (cached per store), reopening it when its dataset was dropped and made anew."""
+def _in_one_version(cfg: InletConfig, table: lancedb.table.Table, version: int, pinned: bool,
+                    run: Callable[[lancedb.table.Table, int], T]) -> T:
+    """Run a search's reads (sides, row fetches, neighbours) against one table version, even while runs commit.
+
+    The cached table reads the latest version on every call; if a run committed between the first and
+    the last read, the search is read again from a table object pinned to the version now current.
+    """
+    if pinned:
+        return run(table, version)
+    try:
+        out = run(table, version)
+        if table.version == version:
+            return out
+    except _RowsMoved:
+        pass
+    now = table.version
+    return run(_open_chunks(cfg, now), now)
+
+
+def warm(config: InletConfig | str | Path = DEFAULT_CONFIG, variant: str | None = None) -> None:
+    """Load the chunks table's indexes into memory, for a long-lived process that will answer many searches.
+
+    Without it the first searches load index parts as they need them (at 1M chunks a first round of
+    vector searches ran ~2 ms slower at the median). A one-shot query should not call it: it reads
+    every index whole (~1.5 s at 1M chunks) to answer one question.
+    """
+    cfg = select_variant(config if isinstance(config, InletConfig) else _load_config(Path(config)), variant)
+    table, _ = _current_table(cfg, None)
+    for index in table.list_indices():
+        table.prewarm_index(index.name)
+
+
+def _current_table(cfg: InletConfig, as_of: int | str | datetime | None) -> tuple[lancedb.table.Table, int]:
+    """Open the chunks table (cached per store) and read its version, reopening a dataset dropped and made anew."""
     try:
         table = _open_chunks(cfg, as_of)
-        table.version  # noqa: B018 - a cached table whose dataset was dropped fails here
+        return table, table.version  # a cached table whose dataset was dropped fails here
     except (OSError, RuntimeError, ValueError):
         _TABLES.pop((str(cfg.store.uri), cfg.store.chunks_table), None)
         table = _open_chunks(cfg, as_of)
-    return table
+        return table, table.version

@@ -66,3 +66,12 @@ def test_duplicate_source_names_are_rejected(tmp_path):
     path = _write(tmp_path, "sources:\n  - {name: a, path: x}\n  - {name: a, path: y}\n")
     with pytest.raises(ConfigError, match="repeated: a"):
         load_config(path)
+
+
+def test_a_default_mode_that_needs_the_fulltext_index_it_turned_off_is_refused(tmp_path):
+    bad = tmp_path / "inlet.yaml"
+    bad.write_text("sources: [{name: docs, path: .}]\nquery: {fulltext_index: false}\n")
+    with pytest.raises(ConfigError, match=r"inlet.yaml: query: .*mode hybrid searches the full-text index"):
+        load_config(bad)
+    bad.write_text("sources: [{name: docs, path: .}]\nquery: {fulltext_index: false, mode: vector}\n")
+    assert load_config(bad).query.mode == "vector"

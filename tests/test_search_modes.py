@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+import sys
 from pathlib import Path
 
 import lancedb
@@ -9,10 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.ingest import ingest
-from query import search
+from query import search, warm
 from query.search import fuse
 from schemas.config import load_config
 from schemas.errors import QueryError
+from tasks.store import FILE_FORMAT
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 SECRET = "The harbour master's safe code is 4471 and the spare keys hang behind the chart table."
@@ -242,7 +245,8 @@ def test_index_variants_share_one_extraction_and_keep_their_own_tables(corpus, w
 
 
 def test_search_sees_new_runs_and_a_chunks_table_made_anew(store, corpus):
-    assert search("gelcoat hardener", k=1, mode="fulltext", config=store)  # the table is now cached
+    warm(config=store)  # the table is now cached, its indexes loaded
+    assert search("gelcoat hardener", k=1, mode="fulltext", config=store)
     (corpus / "fresh.md").write_text("# Fresh\n\nThe wombat slipway opens at dawn.\n")
     ingest(config_path=str(store))
     assert search("wombat slipway", k=1, mode="fulltext", config=store)[0].doc_id == "sample:fresh.md"
@@ -251,3 +255,32 @@ def test_search_sees_new_runs_and_a_chunks_table_made_anew(store, corpus):
     db.drop_table("documents")
     ingest(config_path=str(store))
     assert search("wombat slipway", k=1, mode="vector", config=store)[0].doc_id == "sample:fresh.md"
+
+
+def test_tables_are_written_in_the_file_format_chosen_for_fast_row_fetches(store):
+    # A Lance data file ends with its format version (two little-endian u16) and the magic "LANC".
+    files = list(Path(load_config(store).store.uri).glob("*.lance/data/*.lance"))
+    assert {p.parent.parent.name for p in files} >= {"chunks.lance", "documents.lance", "runs.lance"}
+    versions = {struct.unpack("<HH", p.read_bytes()[-8:-4]) for p in files}
+    assert versions == {tuple(int(n) for n in FILE_FORMAT.split("."))}
+
+
+@pytest.mark.parametrize("rewrite", ["update", "compact"])
+def test_a_search_reads_one_version_while_a_run_commits_between_its_reads(store, monkeypatch, rewrite):
+    # A commit lands after hybrid's two sides ranked ids in one version and before the winners are fetched.
+    searcher = sys.modules["query.search"]
+    fetch, calls = searcher._fetch, []
+
+    def commit_then_fetch(table, row_ids):
+        if not calls:
+            writer = lancedb.connect(str(load_config(store).store.uri)).open_table("chunks")
+            writer.update(where="access_level = 'public'", values={"text": "REWRITTEN"})
+            if rewrite == "compact":  # the rows' old data files leave the latest version
+                writer.optimize()
+        calls.append(len(row_ids))
+        return fetch(table, row_ids)
+
+    monkeypatch.setattr(searcher, "_fetch", commit_then_fetch)
+    hits = search("gelcoat hardener", k=3, mode="hybrid", config=store)
+    assert len(calls) == 2, "read again after the commit"
+    assert hits and {h.text for h in hits} == {"REWRITTEN"}, "every hit from the version now current"
