@@ -448,8 +448,12 @@ def _in_one_version(cfg: InletConfig, table: lancedb.table.Table, version: int, 
     The cached table reads the latest version on every call; if a run committed between the first and
     the last read, the search is read again from a table object pinned to the version now current.
     """
-    if pinned:
-        return run(table, version)
+    if pinned:  # nothing can move in a pinned version: rows that cannot be read are an error
+        try:
+            return run(table, version)
+        except _RowsMoved as exc:
+            msg = f"table '{table.name}' version {version}: rows could not be read ({exc.__cause__ or 'missing'})"
+            raise StoreError(msg) from exc
     try:
         out = run(table, version)
         if table.version == version:
@@ -457,7 +461,7 @@ def _in_one_version(cfg: InletConfig, table: lancedb.table.Table, version: int, 
     except _RowsMoved:
         pass
     now = table.version
-    return run(_open_chunks(cfg, now), now)
+    return _in_one_version(cfg, _open_chunks(cfg, now), now, True, run)
 
 
 def warm(config: InletConfig | str | Path = DEFAULT_CONFIG, variant: str | None = None) -> None:
