@@ -19,7 +19,12 @@ comma := ,
 export NO_PROXY := 127.0.0.1,localhost$(if $(NO_PROXY),$(comma)$(NO_PROXY))
 export no_proxy := $(NO_PROXY)
 
-.PHONY: setup run test clean
+# The local Prefect server (API + UI) that `make deploy`, `make worker` and `inlet serve` talk to.
+PREFECT_PORT ?= 4311
+API_URL      := http://127.0.0.1:$(PREFECT_PORT)/api
+POOL         ?= local-proc
+
+.PHONY: setup run test clean server deploy worker serve
 
 setup: $(STAMP)
 
@@ -38,6 +43,21 @@ run: setup
 
 test: setup
 	$(PY) -m pytest
+
+# Prefect's own variables, not --port: with --port the UI still calls the default port.
+server: setup
+	PREFECT_SERVER_API_HOST=127.0.0.1 PREFECT_SERVER_API_PORT=$(PREFECT_PORT) $(VENV)/bin/prefect server start
+
+deploy: setup
+	PREFECT_API_URL=$(API_URL) $(VENV)/bin/prefect work-pool inspect $(POOL) >/dev/null 2>&1 || \
+	  PREFECT_API_URL=$(API_URL) $(VENV)/bin/prefect work-pool create $(POOL) --type process
+	PREFECT_API_URL=$(API_URL) $(VENV)/bin/prefect --no-prompt deploy --all
+
+worker: setup
+	PREFECT_API_URL=$(API_URL) $(VENV)/bin/prefect worker start --pool $(POOL)
+
+serve: setup
+	PREFECT_API_URL=$(API_URL) $(VENV)/bin/inlet serve
 
 clean:
 	rm -rf data/lancedb data/runs .prefect

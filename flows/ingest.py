@@ -23,7 +23,7 @@ from tasks.load import upsert_stage
 from tasks.refresh import refresh_stage
 from tasks.variants import extraction_todo_stage, for_variant_stage
 from tasks.report import report_stage
-from tasks.store import connect, known_documents
+from tasks.store import connect, known_documents, writer_lock
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
@@ -84,30 +84,32 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         notices = [n for n in (key_notice, enrich_notice, *unpriced_models(vcfg)) if n]
         variants.append((name, vcfg, run_dir if name is None else f"{run_dir}/{name}", notices))
 
-    listing = clock.run("crawl", crawl_stage, cfg, run_dir)
-    detected = []
-    for name, vcfg, vdir, _ in variants:
-        suffix = "" if name is None else f" {name}"
-        settings_fp = clock.run("fingerprint" + suffix, settings_fingerprint, vcfg)
-        known = clock.run("read state" + suffix, known_documents, connect(store), vcfg.store.documents_table)
-        documents = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp, vcfg, vdir,
-                              retry_quarantined)
-        detected.append((settings_fp, documents))
-    todo = detected[0][1] if len(variants) == 1 else clock.run(
-        "plan extraction", extraction_todo_stage, [d for _, d in detected], run_dir)
-    elements, extracted, extract_notices = clock.run("extract", extract_stage, todo, cfg.extraction, run_dir)
+    # One writer at a time: a second run against this store is refused (or waits) before it reads anything.
+    with writer_lock(cfg.store.uri, run_id, cfg.store.lock_wait_s):
+        listing = clock.run("crawl", crawl_stage, cfg, run_dir)
+        detected = []
+        for name, vcfg, vdir, _ in variants:
+            suffix = "" if name is None else f" {name}"
+            settings_fp = clock.run("fingerprint" + suffix, settings_fingerprint, vcfg)
+            known = clock.run("read state" + suffix, known_documents, connect(store), vcfg.store.documents_table)
+            documents = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp, vcfg, vdir,
+                                  retry_quarantined)
+            detected.append((settings_fp, documents))
+        todo = detected[0][1] if len(variants) == 1 else clock.run(
+            "plan extraction", extraction_todo_stage, [d for _, d in detected], run_dir)
+        elements, extracted, extract_notices = clock.run("extract", extract_stage, todo, cfg.extraction, run_dir)
 
-    summaries = []
-    for (name, vcfg, vdir, notices), (settings_fp, documents) in zip(variants, detected):
-        v_elements, v_extracted = (elements, extracted) if len(variants) == 1 else clock.run(
-            f"select {name or 'main'}", for_variant_stage, elements, extracted, documents, vdir)
-        summaries.append(_index(vcfg, name, documents, v_elements, v_extracted, settings_fp, run_id, vdir, started,
-                                clock, [*notices, *extract_notices]))
-    summary = summaries[0]
-    if len(summaries) > 1:
-        summary["variants"] = {name: s for (name, *_), s in zip(variants[1:], summaries[1:])}
-    # The flow body alone; Prefect's own run set-up and teardown come on top of this.
-    return {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}
+        summaries = []
+        for (name, vcfg, vdir, notices), (settings_fp, documents) in zip(variants, detected):
+            v_elements, v_extracted = (elements, extracted) if len(variants) == 1 else clock.run(
+                f"select {name or 'main'}", for_variant_stage, elements, extracted, documents, vdir)
+            summaries.append(_index(vcfg, name, documents, v_elements, v_extracted, settings_fp, run_id, vdir, started,
+                                    clock, [*notices, *extract_notices]))
+        summary = summaries[0]
+        if len(summaries) > 1:
+            summary["variants"] = {name: s for (name, *_), s in zip(variants[1:], summaries[1:])}
+        # The flow body alone; Prefect's own run set-up and teardown come on top of this.
+        return {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}
 
 
 def _index(cfg: InletConfig, name: str | None, documents: str, elements: str, extracted: str, settings_fp: str,

@@ -205,5 +205,55 @@ def eval_(
     typer.echo(f"written to {report['path']}")
 
 
+@app.command()
+def maintain(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    retention_days: Annotated[float | None, typer.Option(help="Keep versions (and run tags) younger than this; "
+                                                               "default: maintenance.retention_days.")] = None,
+    repair: Annotated[bool | None, typer.Option("--repair/--no-repair", help="Repair what the integrity check "
+                                                "finds; default: maintenance.repair.")] = None,
+) -> None:
+    """Compact and prune the store, refresh its indexes, check integrity (and repair on request)."""
+    from rich.table import Table
+
+    from flows.maintenance import maintenance
+
+    try:
+        report = maintenance(config_path=str(config), retention_days=retention_days, repair=repair)
+    except InletError as exc:
+        _fail(exc)
+    table = Table("table", "versions", "fragments", "rows", "run tags removed", title="maintenance")
+    for name, t in report["tables"].items():
+        b, a = t["before"], t["after"]
+        table.add_row(name, f"{b['versions']} -> {a['versions']}", f"{b['fragments']} -> {a['fragments']}",
+                      str(a["rows"]), str(len(t["tags_removed"])))
+    _console().print(table)
+    for f in report["findings"]:
+        typer.secho(f"  {f['check']} {f['table']} {f['doc_id'] or ''} {f['chunk_id'] or ''}: {f['detail']}",
+                    fg=typer.colors.YELLOW)
+    typer.echo(f"{len(report['findings'])} integrity findings" +
+               (f"; repaired: {report['repaired']}" if report["repaired"] else ""))
+
+
+@app.command()
+def serve(
+    deployment: Annotated[list[str] | None, typer.Option("--deployment", "-d", help="Serve only these deployments "
+                                                         "of prefect.yaml (repeatable; default: all).")] = None,
+) -> None:
+    """Run prefect.yaml's deployments (ingest, maintenance, eval) on their schedules in this process, no worker needed.
+
+    Runs register with the Prefect API in PREFECT_API_URL (start one with `make server`) and show in its UI.
+    """
+    from prefect import serve as prefect_serve
+
+    from flows.serve import runner_deployments
+
+    try:
+        deployments = runner_deployments(names=deployment)
+    except InletError as exc:
+        _fail(exc)
+    prefect_serve(*deployments)
+
+
 if __name__ == "__main__":
     app()

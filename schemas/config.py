@@ -249,6 +249,15 @@ class QueryConfig(_Strict):
         return self
 
 
+class MaintenanceConfig(_Strict):
+    """What the maintenance flow keeps and whether it repairs what its integrity check finds."""
+
+    retention_days: float = Field(7.0, ge=0, description="Table versions (and the run tags on them) younger than "
+                                  "this are kept for as_of; older ones are pruned. 0 keeps only the latest.")
+    repair: bool = Field(False, description="Repair integrity findings: delete orphan chunks and bad vectors, and "
+                         "send their documents back through the next ingest run.")
+
+
 class StoreConfig(_Strict):
     """Where tables and run artifacts live."""
 
@@ -257,6 +266,9 @@ class StoreConfig(_Strict):
     chunks_table: str = Field("chunks", description="Name of the chunks table.")
     documents_table: str = Field("documents", description="Name of the documents table.")
     runs_table: str = Field("runs", description="Name of the runs table.")
+    lock_wait_s: float = Field(0, ge=0, description="How long a run waits for another run writing to the same "
+                               "store to finish; 0 refuses at once (nothing is written, the message names the "
+                               "other run).")
 
 
 class VariantConfig(_Strict):
@@ -277,6 +289,7 @@ class InletConfig(_Strict):
     embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
     pricing: PricingConfig = Field(default_factory=PricingConfig)
     query: QueryConfig = Field(default_factory=QueryConfig)
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
     api_key_block: str | None = Field(None, description="Prefect Secret block holding the Gemini API key, read "
                                       "when neither GEMINI_API_KEY nor GOOGLE_API_KEY is set.")
     store: StoreConfig = Field(default_factory=StoreConfig)

@@ -28,6 +28,10 @@ class StoreError(InletError):
     """The LanceDB store is in a state this run cannot work with."""
 
 
+class StoreBusyError(StoreError):
+    """Another run holds the store's writer lock: this run wrote nothing."""
+
+
 class EmbedderMismatchError(StoreError):
     """A table was built with another embedder than the one asked for."""
 

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import os
+import socket
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import lancedb
 import pyarrow as pa
+from filelock import FileLock, Timeout
 
 from schemas.arrow import DOCUMENT_ROWS_SCHEMA, conform
+from schemas.errors import StoreBusyError
 
 DOCUMENTS = "documents"
 RUNS = "runs"
@@ -68,3 +75,37 @@ def known_documents(db: lancedb.DBConnection, name: str = DOCUMENTS) -> pa.Table
         return DOCUMENT_ROWS_SCHEMA.empty_table()
     ensure_columns(table, DOCUMENT_ROWS_SCHEMA)
     return conform(table.to_arrow(), DOCUMENT_ROWS_SCHEMA)
+
+
+WRITER_LOCK = ".inlet-writer.lock"
+WRITER_INFO = ".inlet-writer.json"
+
+
+@contextmanager
+def writer_lock(uri: str | Path, run: str, wait_s: float = 0) -> Iterator[None]:
+    """Hold the store's one-writer lock while a run writes; refuse (after wait_s) while another run holds it.
+
+    An OS file lock (flock): it dies with its process, so a killed run never leaves the store locked.
+    Ingest and maintenance take it; readers never do (they read whole versions).
+    """
+    folder = Path(uri)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock, info = FileLock(folder / WRITER_LOCK), folder / WRITER_INFO
+    try:
+        lock.acquire(timeout=wait_s)
+    except Timeout:
+        try:
+            holder = json.loads(info.read_text(encoding="utf-8"))
+            who = f"{holder['run']} (pid {holder['pid']} on {holder['host']}, since {holder['since']})"
+        except (OSError, ValueError, KeyError):
+            who = "another run"
+        msg = (f"{folder} is being written by {who}; {run} wrote nothing. Run it again when that one has "
+               "finished, or set store.lock_wait_s to wait for it")
+        raise StoreBusyError(msg) from None
+    try:
+        info.write_text(json.dumps({"run": run, "pid": os.getpid(), "host": socket.gethostname(),
+                                    "since": f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}"}), encoding="utf-8")
+        yield
+    finally:
+        info.unlink(missing_ok=True)
+        lock.release()

@@ -53,6 +53,9 @@ def test_ingest_then_query_from_the_command_line(corpus, write_config):
     assert same.returncode == 0 and "0 added, 0 removed" in same.stdout, same.stderr[-2000:]
     bad = _run("query", "x", "--mode", "semantic", "--config", str(config))
     assert bad.returncode == 2 and "mode 'semantic' is not one of" in bad.stderr
+    kept = _run("maintain", "--config", str(config))
+    assert kept.returncode == 0 and "0 integrity findings" in kept.stdout, kept.stderr[-2000:]
+    assert "chunks" in kept.stdout and "documents" in kept.stdout
 
 
 def test_sweep_weights_are_parsed_or_refused_with_the_expected_form():

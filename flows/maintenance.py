@@ -1,0 +1,88 @@
+"""Maintenance flow: compact and prune the store, refresh its indexes, check integrity, repair on request."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+
+from providers.embedders import embedder_spec
+from schemas.config import InletConfig, load_config
+from tasks.maintain import (
+    CHECKS,
+    compact_stage,
+    index_stage,
+    integrity_stage,
+    repair_stage,
+)
+from tasks.store import writer_lock
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
+
+
+def _pairs(cfg: InletConfig) -> list[tuple[str, str, int]]:
+    """The (chunks table, documents table, vector size) of the main index and of each variant."""
+    return [(v.store.chunks_table, v.store.documents_table, embedder_spec(v.embedding).dim)
+            for _, v in cfg.all_variants()]
+
+
+def findings_markdown(tables: dict[str, dict], findings: pa.Table, repaired: dict[str, int] | None) -> str:
+    """Render what maintenance did and found as the run's markdown artifact."""
+    lines = ["## Tables", "", "| table | versions | fragments | rows | run tags removed |", "|---|---:|---:|---:|---|"]
+    for name, t in tables.items():
+        b, a = t["before"], t["after"]
+        lines.append(f"| {name} | {b['versions']} → {a['versions']} | {b['fragments']} → {a['fragments']} | "
+                     f"{a['rows']} | {', '.join(t['tags_removed']) or '-'} |")
+    counts = {c: 0 for c in CHECKS}
+    for check in findings["check"].to_pylist():
+        counts[check] += 1
+    lines += ["", "## Integrity", "", "| check | findings |", "|---|---:|", *(f"| {c} | {n} |" for c, n in counts.items())]
+    if findings.num_rows:
+        lines += ["", "| table | check | document | chunk | detail |", "|---|---|---|---|---|"]
+        lines += [f"| {f['table']} | {f['check']} | {f['doc_id'] or ''} | {f['chunk_id'] or ''} | {f['detail']} |"
+                  for f in findings.slice(0, 200).to_pylist()]
+        if findings.num_rows > 200:
+            lines.append(f"\n… and {findings.num_rows - 200} more")
+    if repaired is not None:
+        lines += ["", "## Repair", "", (f"{repaired['chunks_deleted']} chunks deleted, "
+                                        f"{repaired['documents_requeued']} documents sent back to the next ingest run.")]
+    return "\n".join(lines)
+
+
+@flow(name="maintenance", log_prints=True)
+def maintenance(config_path: str = str(DEFAULT_CONFIG), retention_days: float | None = None,
+                repair: bool | None = None) -> dict:
+    """Compact every table, prune versions past the retention, refresh indexes, check integrity, repair on request.
+
+    retention_days and repair default to the config's maintenance section. Run it when no ingest is
+    writing: it takes the store's writer lock, as ingest does, so the two never write at once.
+    """
+    cfg = load_config(config_path)
+    retention = cfg.maintenance.retention_days if retention_days is None else retention_days
+    repair = cfg.maintenance.repair if repair is None else repair
+    store = str(cfg.store.uri)
+    pairs = _pairs(cfg)
+    now = datetime.now(UTC)
+    with writer_lock(store, f"maintenance-{now:%Y%m%dT%H%M%S}", cfg.store.lock_wait_s):
+        return _maintain(store, pairs, cfg, retention, repair, now)
+
+
+def _maintain(store: str, pairs: list[tuple[str, str, int]], cfg: InletConfig, retention: float, repair: bool,
+              now: datetime) -> dict:
+    tables = compact_stage(store, retention, now)
+    indexes = index_stage(store, [chunks for chunks, _, _ in pairs], cfg.query.fulltext_index,
+                          cfg.query.ann_min_rows)
+    findings = integrity_stage(store, pairs)
+    repaired = None
+    if repair and findings.num_rows:
+        repaired = repair_stage(store, findings, pairs)
+        indexes = index_stage(store, [chunks for chunks, _, _ in pairs], cfg.query.fulltext_index,
+                              cfg.query.ann_min_rows)
+    create_markdown_artifact(key="maintenance-findings", markdown=findings_markdown(tables, findings, repaired),
+                             description="Inlet maintenance: compaction, pruning, integrity")
+    get_run_logger().info("maintenance: %d integrity findings%s", findings.num_rows,
+                          f", repaired {repaired}" if repaired else "")
+    return {"tables": tables, "indexes": indexes, "findings": findings.to_pylist(), "repaired": repaired}

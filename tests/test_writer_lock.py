@@ -1,0 +1,78 @@
+"""One writer at a time: a second run against the same store is refused (or waits), never interleaved."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from schemas.errors import StoreBusyError
+from tasks.store import WRITER_INFO, writer_lock
+from tests.gemini_server import Faults, GeminiServer
+
+ROOT = Path(__file__).resolve().parent.parent
+HOLD = "from tasks.store import writer_lock; import sys, time\nwith writer_lock(sys.argv[1], 'holder-run'):\n" \
+       "    print('held', flush=True); time.sleep(float(sys.argv[2]))\n"
+
+
+def _holder(store: Path, seconds: float) -> subprocess.Popen:
+    """Another process holding the store's writer lock for a while."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(store), str(seconds)], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _wait_for(path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+def test_a_second_writer_is_refused_naming_the_first_then_waits_if_asked(tmp_path):
+    store = tmp_path / "lancedb"
+    proc = _holder(store, 2.0)
+    with pytest.raises(StoreBusyError, match=r"being written by holder-run \(pid \d+ .*second-run wrote nothing"), \
+            writer_lock(store, "second-run"):
+        pass
+    started = time.monotonic()
+    with writer_lock(store, "patient-run", wait_s=30):  # queued behind the holder, then in
+        assert time.monotonic() - started > 0.5
+    proc.wait(timeout=30)
+
+
+def test_a_killed_writer_leaves_no_lock_behind(tmp_path):
+    store = tmp_path / "lancedb"
+    proc = _holder(store, 60.0)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    with writer_lock(store, "next-run"):
+        pass
+
+
+def test_a_second_ingest_is_refused_while_the_first_is_writing(corpus, write_config, tmp_path):
+    # The first ingest embeds through a slow Gemini-protocol server, so it is still writing when the second starts.
+    server = GeminiServer(Faults(latency_s=3.0)).start()
+    try:
+        config = write_config(corpus, embedding={"kind": "gemini", "dim": 32, "base_url": server.base_url})
+        env = {**os.environ, "GEMINI_API_KEY": "AIza-test-key-0123"}
+        inlet = [sys.executable, "-m", "inlet.cli", "ingest", "--config", str(config)]
+        first = subprocess.Popen(inlet, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_for(tmp_path / "store" / "lancedb" / WRITER_INFO, timeout=120)
+        second = subprocess.run(inlet, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert "is being written by run-" in second.stderr and "wrote nothing" in second.stderr
+        out, err = first.communicate(timeout=300)
+        assert first.returncode == 0, err[-2000:]
+        runs = [p.name for p in (tmp_path / "store" / "runs").iterdir() if p.name.startswith("run-")]
+        assert len(runs) == 1 and runs[0] in out, "the refused run left no run folder"
+        third = subprocess.run(inlet, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert third.returncode == 0 and "docs_unchanged" in third.stdout, third.stderr[-2000:]
+    finally:
+        server.stop()
