@@ -1,0 +1,105 @@
+"""Against a real Prefect server started here: deploy prefect.yaml as committed, run a deployment with a
+worker, and read the flow run, its task runs and its artifacts back through the Prefect client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from uuid import UUID
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PREFECT = [sys.executable, "-m", "prefect"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A Prefect server with its own database; yields the environment that points a process at it."""
+    port = _free_port()
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_API_HOST": "127.0.0.1",
+           "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen([*PREFECT, "server", "start"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
+        time.sleep(0.5)
+    client_env = {k: v for k, v in env.items() if not k.startswith("PREFECT_SERVER_API_")}
+    try:
+        yield {**client_env, "PREFECT_API_URL": url}
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+        log.close()
+
+
+def _prefect(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    out = subprocess.run([*PREFECT, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                         check=False)
+    assert out.returncode == 0, f"prefect {' '.join(args)}:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+    return out
+
+
+async def _read_back(url: str, flow_run_id: UUID) -> tuple:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterId,
+    )
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: url}):
+        async with get_client() as client:
+            run = await client.read_flow_run(flow_run_id)
+            tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            artifacts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            deployments = await client.read_deployments()
+    return run, tasks, artifacts, deployments
+
+
+def test_a_deployment_from_prefect_yaml_runs_on_a_worker_and_reports_to_the_server(server, corpus, write_config):
+    config = write_config(corpus)
+    _prefect(server, "work-pool", "create", "local-proc", "--type", "process")
+    _prefect(server, "--no-prompt", "deploy", "--all")
+    started = _prefect(server, "deployment", "run", "ingest/ingest", "--params",
+                       json.dumps({"config_path": str(config)}))
+    flow_run_id = UUID(next(line.split()[-1] for line in started.stdout.splitlines() if "UUID" in line))
+    _prefect(server, "worker", "start", "--pool", "local-proc", "--run-once", timeout=600)
+
+    run, tasks, artifacts, deployments = asyncio.run(_read_back(server["PREFECT_API_URL"], flow_run_id))
+    assert {d.name for d in deployments} == {"ingest", "maintenance", "eval"}
+    ingest = next(d for d in deployments if d.name == "ingest")
+    assert ingest.global_concurrency_limit.limit == 1, "one ingest run at a time"
+    assert ingest.concurrency_options.collision_strategy == "ENQUEUE"
+    assert [s.schedule.cron for s in ingest.schedules] == ["0 * * * *"]
+    assert run.state.is_completed(), run.state
+    names = {t.name.rsplit("-", 1)[0] for t in tasks}
+    assert {"crawl", "detect changes", "extract", "chunk", "enrich", "embed", "upsert", "report"} <= names, names
+    assert all(t.state.is_completed() for t in tasks)
+    summary = next(a for a in artifacts if a.key == "ingest-run-summary")
+    assert summary.type == "table" and "docs_new" in json.dumps(summary.data)
