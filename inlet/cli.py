@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -29,17 +31,20 @@ def _fail(exc: Exception) -> None:
 
 
 def _print_summary(summary: dict) -> None:
-    typer.echo(f"run {summary['run_id']}")
+    from rich.table import Table
+
+    table = Table("", "", title=f"run {summary['run_id']}", show_header=False, title_justify="left")
     for key in RUN_COUNTS:
-        typer.echo(f"  {key:<20} {summary[key]}")
+        table.add_row(key.replace("_", " "), str(summary[key]))
     if summary["llm_calls"] or summary["embed_calls"]:
-        typer.echo(f"  model calls          {summary['llm_calls']} enrich ({summary['llm_retries']} retries, "
-                   f"{summary['llm_failures']} failed), {summary['embed_calls']} embed")
-        typer.echo(f"  tokens               {summary['llm_prompt_tokens']} prompt ({summary['llm_cached_tokens']} "
-                   f"cached), {summary['llm_output_tokens']} output, {summary['embed_tokens']} embedded (est.)")
-        typer.echo(f"  cost (est.)          ${summary['cost_usd']:.4f}; "
-                   f"cache spared ${summary['cost_saved_usd']:.4f}")
-    typer.echo("  seconds per stage    " + ", ".join(f"{k} {v:.2f}" for k, v in summary["stage_seconds"].items()))
+        table.add_row("model calls", f"{summary['llm_calls']} enrich ({summary['llm_retries']} retries, "
+                      f"{summary['llm_failures']} failed), {summary['embed_calls']} embed")
+        table.add_row("tokens", f"{summary['llm_prompt_tokens']} prompt ({summary['llm_cached_tokens']} cached), "
+                      f"{summary['llm_output_tokens']} output, {summary['embed_tokens']} embedded (est.)")
+        table.add_row("cost (est.)", f"${summary['cost_usd']:.4f}; cache spared ${summary['cost_saved_usd']:.4f}")
+    table.add_row("seconds per stage", ", ".join(f"{k} {v:.2f}" for k, v in summary["stage_seconds"].items()))
+    table.add_row("table versions", ", ".join(f"{k} {v}" for k, v in summary["versions"].items()))
+    _console().print(table)
     for row in summary["quarantined"]:
         typer.secho(f"  quarantined {row['doc_id']}: {row['reason']}: {row['message']}", fg=typer.colors.YELLOW)
     for notice in summary["notices"]:
@@ -51,19 +56,25 @@ def ingest(
     config: ConfigOpt = DEFAULT_CONFIG,
     retry_quarantined: Annotated[bool, typer.Option(help="Try quarantined documents again even if unchanged.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars, info logs or summary; errors "
+                                        "and warnings only (for cron).")] = False,
 ) -> None:
-    """Run the ingest flow once on the configured sources."""
+    """Run the ingest flow once on the configured sources, with a progress bar per long stage."""
+    if quiet:  # read when Prefect is first imported, below
+        os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
     from flows.ingest import ingest as ingest_flow
     from schemas.config import load_config
+    from tasks.progress import terminal_bars
 
     try:
         load_config(config).check_sources(str(config))  # fail on a bad config before Prefect starts
-        summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined)
+        with contextlib.nullcontext() if quiet or as_json else terminal_bars():
+            summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined)
     except InletError as exc:
         _fail(exc)
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
-    else:
+    elif not quiet:
         _print_summary(summary)
 
 

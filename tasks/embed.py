@@ -22,6 +22,7 @@ from schemas.arrow import (
 )
 from schemas.config import EmbeddingConfig, EnrichmentConfig, PricingConfig
 from tasks.artifacts import read_artifact, report_batch_job, write_artifact
+from tasks.progress import stage_progress
 from tasks.stage import stage
 from tasks.store import connect, open_table, select_where_in
 
@@ -47,7 +48,8 @@ BatchCall = Callable[[list[str], list[str | None], list[str]], np.ndarray]
 
 
 def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None], embedder: Embedder,
-                 cached: pa.Table, batch_size: int, batch_call: BatchCall | None = None) -> pa.Table:
+                 cached: pa.Table, batch_size: int, batch_call: BatchCall | None = None,
+                 advance: Callable[[int], None] | None = None) -> pa.Table:
     """Attach vectors: cached (embed_key, truncated, vector) rows reused, the rest embedded once per key.
 
     With batch_call, every missing key goes to it at once (Gemini Batch Mode) instead of batch_size at a time.
@@ -63,12 +65,16 @@ def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None]
         texts = [text_of[k] for k in todo]
         fresh_vecs[:] = batch_call(texts, [title_of[k] for k in todo], todo)
         fresh_trunc = embedder.truncated(texts)
+        if advance is not None:
+            advance(len(todo))
     else:
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
             texts = [text_of[k] for k in batch]
             fresh_vecs[start : start + len(texts)] = embedder.embed(texts, [title_of[k] for k in batch])
             fresh_trunc.extend(embedder.truncated(texts))
+            if advance is not None:
+                advance(len(texts))
     fresh = {k: i for i, k in enumerate(todo)}
     cached_vecs = cached["vector"].combine_chunks().flatten().to_numpy().reshape(-1, embedder.dim) if known else None
     cached_trunc = cached["truncated"].to_pylist()
@@ -135,7 +141,8 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
     if polling is not None:
         report = report_batch_job("gemini-embedding-batch-job")
         batch_call = lambda texts, ts, ks: run_batch(texts, ts, ks, ledger, polling, report)  # noqa: E731
-    embedded = embed_chunks(enriched, inputs, titles, embedder, cached, cfg.batch_size, batch_call)
+    with stage_progress("embed", len(pending)) as advance:
+        embedded = embed_chunks(enriched, inputs, titles, embedder, cached, cfg.batch_size, batch_call, advance)
     made = sum(embedded["embedded_now"].to_pylist())
     get_run_logger().info("embedded %d of %d chunks (%d reused, %d truncated by the model)", made,
                           embedded.num_rows, embedded.num_rows - made, sum(embedded["truncated"].to_pylist()))

@@ -23,6 +23,7 @@ from schemas.arrow import (
 )
 from schemas.config import EnrichmentConfig, PricingConfig
 from tasks.artifacts import read_artifact, report_batch_job, write_artifact
+from tasks.progress import stage_progress
 from tasks.stage import stage
 from tasks.store import connect, open_table, select_where_in
 
@@ -59,7 +60,8 @@ BatchCall = Callable[[list[EnrichInput], list[str | None], list[str]], list[str 
 
 def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher | None,
                   cached: dict[str, str], documents: list[str | None] | None = None, batch_size: int = 50,
-                  batch_call: BatchCall | None = None, keys: list[str] | None = None) -> pa.Table:
+                  batch_call: BatchCall | None = None, keys: list[str] | None = None,
+                  advance: Callable[[int], None] | None = None) -> pa.Table:
     """Add enrichment columns; call the enricher only for keys not in cached (each key once).
 
     With batch_call, every missing key goes to it at once (Gemini Batch Mode) instead of batch_size at a time.
@@ -78,11 +80,15 @@ def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher
     if batch_call is not None and pending:
         answers = batch_call([i for _, (i, _) in pending], [d for _, (_, d) in pending], [k for k, _ in pending])
         fresh.update(zip([k for k, _ in pending], answers))
+        if advance is not None:
+            advance(len(pending))
         pending = []
     for start in range(0, len(pending), batch_size):
         batch = pending[start : start + batch_size]
         answers = enricher.enrich([i for _, (i, _) in batch], [d for _, (_, d) in batch])
         fresh.update(zip([k for k, _ in batch], answers))
+        if advance is not None:
+            advance(len(batch))
     values = [fresh[k] if k in fresh else cached.get(k) for k in keys]
     # A failed enrichment keeps the enricher but no key: the chunk is indexed on its text and
     # marked, and the cache cannot serve it, so the next run asks again.
@@ -173,7 +179,9 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
     if polling is not None:
         report = report_batch_job("gemini-batch-job")
         batch_call = lambda its, docs, ks: run_batch(its, docs, ks, ledger, polling, report)  # noqa: E731
-    enriched = enrich_chunks(chunks, items, enricher, cached, documents, cfg.batch_size, batch_call, keys or None)
+    with stage_progress("enrich", len(set(keys) - cached.keys())) as advance:
+        enriched = enrich_chunks(chunks, items, enricher, cached, documents, cfg.batch_size, batch_call,
+                                 keys or None, advance)
     usage = enrichment_usage(enricher, before, enriched, items, documents, cfg, pricing)
     made = sum(enriched["enriched_now"].to_pylist())
     failed = failed_enrichments(enriched)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.progress import stage_progress
 from tasks.stage import stage
 
 MARKDOWN = {".md", ".markdown"}
@@ -227,7 +229,8 @@ def extract_document(doc_id: str, path: str, cfg: ExtractionConfig) -> Extracted
 # --- stage ----------------------------------------------------------------------------------------
 
 
-def extract_documents(documents: pa.Table, cfg: ExtractionConfig) -> tuple[pa.Table, pa.Table]:
+def extract_documents(documents: pa.Table, cfg: ExtractionConfig,
+                      advance: Callable[[int], None] | None = None) -> tuple[pa.Table, pa.Table]:
     """Extract every new or changed document; failures become 'quarantined' rows, not exceptions."""
     elements: list[dict] = []
     extracted: list[dict] = []
@@ -237,10 +240,12 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig) -> tuple[pa.Ta
         except ExtractionError as exc:
             extracted.append({"doc_id": doc["doc_id"], "title": None, "status": "quarantined",
                               "reason": exc.reason, "message": exc.message, "content_hash": doc["content_hash"]})
-            continue
-        elements.extend(result.elements)
-        extracted.append({"doc_id": doc["doc_id"], "title": result.title, "status": "ok",
-                          "reason": None, "message": None, "content_hash": result.content_hash})
+        else:
+            elements.extend(result.elements)
+            extracted.append({"doc_id": doc["doc_id"], "title": result.title, "status": "ok",
+                              "reason": None, "message": None, "content_hash": result.content_hash})
+        if advance is not None:
+            advance(1)
     return (pa.Table.from_pylist(elements, schema=ELEMENTS_SCHEMA),
             pa.Table.from_pylist(extracted, schema=EXTRACTED_SCHEMA))
 
@@ -256,7 +261,8 @@ def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str) -> t
         from tasks.spacy_fallback import install_fallback_if_needed
 
         notice = install_fallback_if_needed()
-    elements, extracted = extract_documents(documents, cfg)
+    with stage_progress("extract", len(todo)) as advance:
+        elements, extracted = extract_documents(documents, cfg, advance)
     failed = extracted.filter(pa.compute.equal(extracted["status"], "quarantined"))
     logger = get_run_logger()
     logger.info("extracted %d documents into %d elements; %d quarantined", len(todo), elements.num_rows, failed.num_rows)

@@ -9,7 +9,7 @@ import lancedb
 import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from schemas.arrow import (
     DOCUMENTS_SCHEMA,
@@ -77,6 +77,31 @@ def open_runs_table(db: lancedb.DBConnection, name: str = RUNS) -> lancedb.table
     return table
 
 
+def summary_table(summary: dict, stage_seconds: dict[str, float], versions: dict[str, int], run_id: str) -> list[dict]:
+    """The run summary as metric/value rows: counts, tokens and cost, seconds per stage, table versions and tag."""
+    rows = [{"metric": k, "value": summary[k]} for k in (*RUN_COUNTS, *RUN_USAGE)]
+    rows += [{"metric": f"seconds {k}", "value": v} for k, v in stage_seconds.items()]
+    rows += [{"metric": f"version {table}", "value": v} for table, v in versions.items()]
+    return [*rows, {"metric": "tag", "value": run_id}]
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def quarantine_markdown(quarantined: list[dict], notices: list[str]) -> str:
+    """The run's quarantine list and notices as markdown (an empty list says so)."""
+    lines = [f"## Quarantined documents ({len(quarantined)})", ""]
+    if quarantined:
+        lines += ["| document | reason | message |", "|---|---|---|"]
+        lines += [f"| {_cell(q['doc_id'])} | {q['reason']} | {_cell(q['message'])} |" for q in quarantined]
+    else:
+        lines.append("None: every document that changed was indexed.")
+    if notices:
+        lines += ["", "## Notices", "", *(f"- {_cell(n)}" for n in notices)]
+    return "\n".join(lines)
+
+
 @stage("report")
 def report_stage(documents_path: str, extracted_path: str, embedded_path: str, load: dict, *, usage: dict, dim: int,
                  store_uri: str, run_id: str, started: datetime, finished: datetime, config_fp: str,
@@ -90,10 +115,12 @@ def report_stage(documents_path: str, extracted_path: str, embedded_path: str, l
                    config_fp=config_fp, stage_seconds=stage_seconds, versions=load["versions"], notices=notices)
     write_artifact(row, run_dir, "run", RUNS_SCHEMA)
     open_runs_table(connect(store_uri), runs_table).add(row)
-    # Shown on the flow run's Artifacts tab; one stable key keeps the history together.
+    # Shown on the flow run's Artifacts tab; one stable key per artifact keeps the history together.
     create_table_artifact(key=artifact_key, description=f"Inlet run {run_id}",
-                          table=[{"metric": k, "value": summary[k]} for k in (*RUN_COUNTS, *RUN_USAGE)]
-                          + [{"metric": f"seconds {k}", "value": v} for k, v in stage_seconds.items()])
+                          table=summary_table(summary, stage_seconds, load["versions"], run_id))
+    create_markdown_artifact(key=artifact_key.replace("summary", "quarantine"),
+                             description=f"Inlet run {run_id}: quarantined documents and notices",
+                             markdown=quarantine_markdown(summary["quarantined"], notices))
     logger = get_run_logger()
     logger.info("run %s: %s", run_id, ", ".join(f"{k}={summary[k]}" for k in RUN_COUNTS))
     for notice in notices:

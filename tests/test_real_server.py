@@ -102,4 +102,12 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_worker_and_reports_to_the_serv
     assert {"crawl", "detect changes", "extract", "chunk", "enrich", "embed", "upsert", "report"} <= names, names
     assert all(t.state.is_completed() for t in tasks)
     summary = next(a for a in artifacts if a.key == "ingest-run-summary")
-    assert summary.type == "table" and "docs_new" in json.dumps(summary.data)
+    metrics = {row["metric"]: row["value"] for row in json.loads(summary.data)} if isinstance(summary.data, str) \
+        else {row["metric"]: row["value"] for row in summary.data}
+    assert summary.type == "table" and metrics["docs_new"] > 0 and metrics["version chunks"] >= 1
+    assert metrics["tag"].startswith("run-") and "seconds embed" in metrics
+    progress = {a.key: a for a in artifacts if a.type == "progress"}
+    assert {"ingest-progress-extract", "ingest-progress-embed"} <= set(progress), set(progress)
+    assert all(float(a.data) == 100.0 for a in progress.values())
+    quarantine = next(a for a in artifacts if a.key == "ingest-run-quarantine")
+    assert quarantine.type == "markdown" and quarantine.data.startswith("## Quarantined documents")

@@ -73,6 +73,6 @@ def test_a_second_ingest_is_refused_while_the_first_is_writing(corpus, write_con
         runs = [p.name for p in (tmp_path / "store" / "runs").iterdir() if p.name.startswith("run-")]
         assert len(runs) == 1 and runs[0] in out, "the refused run left no run folder"
         third = subprocess.run(inlet, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-        assert third.returncode == 0 and "docs_unchanged" in third.stdout, third.stderr[-2000:]
+        assert third.returncode == 0 and "docs unchanged" in third.stdout, third.stderr[-2000:]
     finally:
         server.stop()

@@ -1,0 +1,76 @@
+"""Progress of long stages: a Prefect progress artifact per stage, and a terminal bar while a CLI shows them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+_bars: Progress | None = None  # set by terminal_bars(): the CLI's ingest shows one bar per stage
+_ARTIFACT_EVERY_S = 2.0  # at most one progress update to the API this often (and at the end)
+
+Advance = Callable[[int], None]
+
+
+@contextmanager
+def terminal_bars() -> Iterator[None]:
+    """Show a progress bar per long stage on the terminal (stderr) while the block runs."""
+    global _bars
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=False) as bars:
+        _bars = bars
+        try:
+            yield
+        finally:
+            _bars = None
+
+
+def _artifact(stage: str, total: int) -> Callable[[float], None] | None:
+    """Create the stage's progress artifact when running inside a Prefect flow; return its updater."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return None
+    artifact_id = create_progress_artifact(0.0, key=f"ingest-progress-{stage}",
+                                           description=f"{stage}: {total} items")
+    return lambda percent: update_progress_artifact(artifact_id, percent)
+
+
+@contextmanager
+def stage_progress(stage: str, total: int) -> Iterator[Advance]:
+    """Yield advance(n) for a stage over total items: it moves the stage's Prefect progress artifact and bar."""
+    if total <= 0:
+        yield lambda n: None
+        return
+    update = _artifact(stage, total)
+    bar = _bars.add_task(stage, total=total) if _bars is not None else None
+    done, last = 0, time.monotonic()
+
+    def advance(n: int) -> None:
+        nonlocal done, last
+        done += n
+        if bar is not None:
+            _bars.update(bar, completed=done)
+        if update is not None and (done >= total or time.monotonic() - last >= _ARTIFACT_EVERY_S):
+            update(min(100.0, 100.0 * done / total))
+            last = time.monotonic()
+
+    yield advance
+    if update is not None and done < total:  # items skipped (cached, quarantined early): the stage is done
+        update(100.0)
+    if bar is not None:
+        _bars.update(bar, completed=total)
