@@ -15,6 +15,10 @@ class DataContractError(InletError, ValueError):
     """An artifact or table violated its schema."""
 
 
+class DataQualityError(InletError):
+    """A data-quality check of severity `fail` did not hold: the run stops before committing anything."""
+
+
 class ExtractionError(InletError):
     """A document could not be read or partitioned; it is quarantined, the run goes on."""
 

@@ -1,0 +1,155 @@
+"""Data-quality gates: great-expectations suites over each stage artifact, with a severity per expectation.
+
+A suite is a list of named checks. Each check is one GX Core expectation run by an ephemeral
+context over a pandas view of the Arrow artifact; list columns (vectors) are first reduced to scalar
+columns (finite, norm, dimension) that GX can judge. A failing check's severity decides what
+happens: `quarantine` (the documents of the failing rows are quarantined with the check's name),
+`fail` (the run stops before anything is committed) or `warn` (reported only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from schemas.config import ACCESS_LEVELS
+from schemas.errors import DataQualityError
+
+Severity = Literal["quarantine", "fail", "warn"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One named expectation over an artifact, with what a failure does."""
+
+    name: str
+    expectation: str  # a GX Core expectation class, e.g. "ExpectColumnValuesToBeUnique"
+    kwargs: dict[str, Any]
+    severity: Severity
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one check went over one artifact."""
+
+    artifact: str
+    check: str
+    severity: Severity
+    success: bool
+    failed_rows: tuple[int, ...] = ()
+    failed_docs: tuple[str, ...] = field(default=())
+
+
+def suites(max_tokens: int, dim: int) -> dict[str, list[Check]]:
+    """The default suite of each stage artifact (documents, elements, chunks, embedded chunks)."""
+    return {
+        "documents": [
+            Check("doc_id_present", "ExpectColumnValuesToNotBeNull", {"column": "doc_id"}, "fail"),
+            Check("doc_id_unique", "ExpectColumnValuesToBeUnique", {"column": "doc_id"}, "fail"),
+            Check("access_level_allowed", "ExpectColumnValuesToBeInSet",
+                  {"column": "access_level", "value_set": list(ACCESS_LEVELS)}, "quarantine"),
+        ],
+        "elements": [
+            Check("doc_id_present", "ExpectColumnValuesToNotBeNull", {"column": "doc_id"}, "fail"),
+            Check("text_not_empty", "ExpectColumnValueLengthsToBeBetween", {"column": "text", "min_value": 1},
+                  "quarantine"),
+            Check("page_at_least_1", "ExpectColumnValuesToBeBetween", {"column": "page", "min_value": 1},
+                  "quarantine"),
+        ],
+        "chunks": [
+            Check("chunk_id_present", "ExpectColumnValuesToNotBeNull", {"column": "chunk_id"}, "fail"),
+            Check("chunk_id_unique", "ExpectColumnValuesToBeUnique", {"column": "chunk_id"}, "fail"),
+            Check("text_not_empty", "ExpectColumnValueLengthsToBeBetween", {"column": "text", "min_value": 1},
+                  "quarantine"),
+            Check("tokens_within_limit", "ExpectColumnValuesToBeBetween",
+                  {"column": "token_count", "min_value": 1, "max_value": max_tokens}, "quarantine"),
+        ],
+        "embedded_chunks": [
+            Check("vector_dimension", "ExpectColumnValuesToBeInSet",
+                  {"column": "vector_dim", "value_set": [dim]}, "fail"),
+            Check("vector_finite", "ExpectColumnValuesToBeInSet", {"column": "vector_finite", "value_set": [True]},
+                  "quarantine"),
+            Check("vector_not_zero", "ExpectColumnValuesToBeBetween",
+                  {"column": "vector_norm", "min_value": 0, "strict_min": True}, "quarantine"),
+        ],
+    }
+
+
+def with_severities(suite: list[Check], artifact: str, overrides: dict[str, Severity]) -> list[Check]:
+    """Apply config overrides keyed '<artifact>.<check>' to a suite's severities."""
+    return [Check(c.name, c.expectation, c.kwargs, overrides.get(f"{artifact}.{c.name}", c.severity)) for c in suite]
+
+
+def scalar_view(table: pa.Table) -> pa.Table:
+    """Replace a vector column by the scalar columns GX can judge: vector_dim, vector_finite, vector_norm."""
+    if "vector" not in table.column_names:
+        return table
+    vectors = table["vector"].combine_chunks()
+    if table.num_rows == 0:
+        dims, finite, norms = [], [], []
+    else:
+        dim = vectors.type.list_size
+        matrix = vectors.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
+        finite_rows = np.isfinite(matrix).all(axis=1)
+        dims = [dim] * table.num_rows
+        finite = finite_rows.tolist()
+        norms = np.linalg.norm(np.where(np.isfinite(matrix), matrix, 0.0), axis=1).tolist()
+    out = table.drop_columns(["vector"])
+    return (out.append_column("vector_dim", pa.array(dims, pa.int32()))
+            .append_column("vector_finite", pa.array(finite, pa.bool_()))
+            .append_column("vector_norm", pa.array(norms, pa.float64())))
+
+
+@cache
+def _context() -> Any:  # GX context, imported lazily: the import takes seconds
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+    return context
+
+
+def validate(artifact: str, table: pa.Table, suite: list[Check]) -> list[Outcome]:
+    """Run a suite over an Arrow artifact with GX; return each check's outcome and failing rows."""
+    if table.num_rows == 0 or not suite:
+        return [Outcome(artifact, c.name, c.severity, True) for c in suite]
+    import great_expectations as gx
+
+    context = _context()
+    name = f"{artifact}-{id(table)}"
+    frame = scalar_view(table).to_pandas()
+    batch = (context.data_sources.add_or_update_pandas(name).add_dataframe_asset(artifact)
+             .add_batch_definition_whole_dataframe("whole").get_batch(batch_parameters={"dataframe": frame}))
+    checks = gx.ExpectationSuite(name=name, expectations=[
+        getattr(gx.expectations, c.expectation)(**c.kwargs, meta={"check": c.name}) for c in suite])
+    result = batch.validate(checks, result_format={"result_format": "COMPLETE"})
+    context.data_sources.delete(name)
+    by_name = {c.name: c for c in suite}
+    docs = table["doc_id"].to_pylist() if "doc_id" in table.column_names else None
+    outcomes = []
+    for r in result.results:
+        check = by_name[r.expectation_config.meta["check"]]
+        rows = tuple(sorted(r.result.get("unexpected_index_list") or ()))
+        failed_docs = tuple(sorted({docs[i] for i in rows if docs[i] is not None})) if docs else ()
+        outcomes.append(Outcome(artifact, check.name, check.severity, bool(r.success), rows, failed_docs))
+    return outcomes
+
+
+def gate(outcomes: list[Outcome]) -> dict[str, str]:
+    """Apply severities: raise on a failed `fail` check; return {doc_id: reason} for `quarantine` failures."""
+    fatal = [o for o in outcomes if not o.success and o.severity == "fail"]
+    if fatal:
+        detail = "; ".join(f"{o.artifact}.{o.check} ({len(o.failed_rows)} rows)" for o in fatal)
+        msg = f"data-quality gate failed, nothing was committed: {detail}"
+        raise DataQualityError(msg)
+    reasons: dict[str, str] = {}
+    for o in outcomes:
+        if not o.success and o.severity == "quarantine":
+            for doc in o.failed_docs:
+                reasons.setdefault(doc, f"validation: {o.artifact}.{o.check}")
+    return reasons

@@ -1,0 +1,63 @@
+"""Data-quality gates: great-expectations really validating deliberately bad Arrow tables, per severity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from schemas.errors import DataQualityError
+from tasks.quality import gate, scalar_view, suites, validate, with_severities
+
+CHUNKS = suites(max_tokens=200, dim=3)
+
+
+def _chunks(rows: list[tuple[str | None, str, str, int]]) -> pa.Table:
+    return pa.table({"chunk_id": [r[0] for r in rows], "doc_id": [r[1] for r in rows],
+                     "text": [r[2] for r in rows], "token_count": pa.array([r[3] for r in rows], pa.int32())})
+
+
+def _embedded(vectors: list[list[float]]) -> pa.Table:
+    flat = pa.array(np.asarray(vectors, dtype=np.float32).reshape(-1))
+    return pa.table({"chunk_id": [f"c{i}" for i in range(len(vectors))], "doc_id": [f"d{i}" for i in range(len(vectors))],
+                     "vector": pa.FixedSizeListArray.from_arrays(flat, 3)})
+
+
+def test_clean_chunks_pass_every_check():
+    outcomes = validate("chunks", _chunks([("a", "d1", "text", 10), ("b", "d1", "more", 20)]), CHUNKS["chunks"])
+    assert [o.check for o in outcomes] == ["chunk_id_present", "chunk_id_unique", "text_not_empty",
+                                           "tokens_within_limit"]
+    assert all(o.success for o in outcomes) and gate(outcomes) == {}
+
+
+def test_quarantine_checks_name_the_documents_of_the_failing_rows():
+    bad = _chunks([("a", "d1", "fine", 10), ("b", "d2", "", 5), ("c", "d3", "long", 900), ("d", "d1", "ok", 3)])
+    outcomes = validate("chunks", bad, CHUNKS["chunks"])
+    assert {o.check: o.failed_rows for o in outcomes if not o.success} == {"text_not_empty": (1,),
+                                                                           "tokens_within_limit": (2,)}
+    assert gate(outcomes) == {"d2": "validation: chunks.text_not_empty", "d3": "validation: chunks.tokens_within_limit"}
+
+
+def test_a_fail_check_stops_the_run_and_an_override_turns_it_into_quarantine_or_warn():
+    dupes = _chunks([("a", "d1", "x", 1), ("a", "d2", "y", 1), (None, "d3", "z", 1)])
+    with pytest.raises(DataQualityError, match=r"chunks.chunk_id_present \(1 rows\); chunks.chunk_id_unique"):
+        gate(validate("chunks", dupes, CHUNKS["chunks"]))
+    softer = with_severities(CHUNKS["chunks"], "chunks", {"chunks.chunk_id_unique": "quarantine",
+                                                          "chunks.chunk_id_present": "warn"})
+    assert gate(validate("chunks", dupes, softer)) == {"d1": "validation: chunks.chunk_id_unique",
+                                                       "d2": "validation: chunks.chunk_id_unique"}
+
+
+def test_vectors_are_judged_through_their_scalar_view():
+    table = _embedded([[1, 0, 0], [np.nan, 1, 0], [0, 0, 0]])
+    assert scalar_view(table).column_names == ["chunk_id", "doc_id", "vector_dim", "vector_finite", "vector_norm"]
+    outcomes = validate("embedded_chunks", table, CHUNKS["embedded_chunks"])
+    assert gate(outcomes) == {"d1": "validation: embedded_chunks.vector_finite",
+                              "d2": "validation: embedded_chunks.vector_not_zero"}
+    with pytest.raises(DataQualityError, match="embedded_chunks.vector_dimension"):
+        gate(validate("embedded_chunks", table, suites(max_tokens=200, dim=384)["embedded_chunks"]))
+
+
+def test_documents_with_an_unknown_access_level_are_quarantined():
+    docs = pa.table({"doc_id": ["a", "b"], "access_level": ["public", "top-secret"]})
+    assert gate(validate("documents", docs, CHUNKS["documents"])) == {"b": "validation: documents.access_level_allowed"}
