@@ -20,6 +20,7 @@ from tasks.embed import embed_stage
 from tasks.enrich import enrich_stage
 from tasks.extract import extract_stage
 from tasks.load import upsert_stage
+from tasks.quality import validate_stage
 from tasks.refresh import refresh_stage
 from tasks.variants import extraction_todo_stage, for_variant_stage
 from tasks.report import report_stage
@@ -126,12 +127,16 @@ def _index(cfg: InletConfig, name: str | None, documents: str, elements: str, ex
                          table, run_dir, jobs)
     embedded = clock.run("embed" + suffix, embed_stage, enriched["path"], extracted, cfg.embedding, cfg.enrichment,
                          cfg.pricing, store, table, run_dir, jobs)
-    loaded = clock.run("upsert" + suffix, upsert_stage, documents, extracted, embedded["path"], store_uri=store,
+    # Data-quality gates: quarantine what fails a `quarantine` check, stop before committing on a `fail` check.
+    gated = clock.run("validate" + suffix, validate_stage, documents, elements, extracted, embedded["path"],
+                      cfg.quality, cfg.chunking.max_tokens, dim, run_dir)
+    extracted = gated["extracted"]
+    loaded = clock.run("upsert" + suffix, upsert_stage, documents, extracted, gated["embedded"], store_uri=store,
                        chunks_table=table, dim=dim, settings_fp=settings_fp, run_id=run_id, now=started,
                        fulltext_index=cfg.query.fulltext_index, ann_min_rows=cfg.query.ann_min_rows,
                        documents_table=cfg.store.documents_table)
-    return report_stage(documents, extracted, embedded["path"], loaded, usage=enriched["usage"] | embedded["usage"],
+    return report_stage(documents, extracted, gated["embedded"], loaded, usage=enriched["usage"] | embedded["usage"],
                         dim=dim, store_uri=store, run_id=run_id, started=started, finished=datetime.now(UTC),
                         config_fp=cfg.fingerprint(), stage_seconds=dict(clock.seconds), notices=notices,
-                        run_dir=run_dir, runs_table=cfg.store.runs_table,
+                        run_dir=run_dir, runs_table=cfg.store.runs_table, validation=gated["validation"],
                         artifact_key="ingest-run-summary" + ("" if name is None else f"-{name}"))

@@ -249,6 +249,35 @@ class QueryConfig(_Strict):
         return self
 
 
+# The data-quality checks of each stage artifact (tasks/quality.py defines them); severities can be overridden.
+QUALITY_CHECKS: dict[str, tuple[str, ...]] = {
+    "documents": ("doc_id_present", "doc_id_unique", "access_level_allowed"),
+    "elements": ("doc_id_present", "text_not_empty", "page_at_least_1"),
+    "chunks": ("chunk_id_present", "chunk_id_unique", "text_not_empty", "tokens_within_limit"),
+    "embedded_chunks": ("vector_dimension", "vector_finite", "vector_not_zero"),
+}
+
+
+class QualityConfig(_Strict):
+    """Data-quality gates (great-expectations) over each stage artifact, before anything is committed."""
+
+    enabled: bool = Field(True, description="Validate every run's artifacts before the upsert.")
+    severity: dict[str, Literal["quarantine", "fail", "warn"]] = Field(
+        default_factory=dict, description="Override a check's severity, keyed '<artifact>.<check>', e.g. "
+        "{'chunks.tokens_within_limit': 'fail'}: quarantine (the failing rows' documents), fail (stop the run "
+        "before committing) or warn (report only).")
+
+    @field_validator("severity")
+    @classmethod
+    def _known_checks(cls, value: dict[str, str]) -> dict[str, str]:
+        known = {f"{a}.{c}" for a, checks in QUALITY_CHECKS.items() for c in checks}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            msg = f"unknown check {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            raise ValueError(msg)
+        return value
+
+
 class MaintenanceConfig(_Strict):
     """What the maintenance flow keeps and whether it repairs what its integrity check finds."""
 
@@ -290,6 +319,7 @@ class InletConfig(_Strict):
     pricing: PricingConfig = Field(default_factory=PricingConfig)
     query: QueryConfig = Field(default_factory=QueryConfig)
     maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
     api_key_block: str | None = Field(None, description="Prefect Secret block holding the Gemini API key, read "
                                       "when neither GEMINI_API_KEY nor GOOGLE_API_KEY is set.")
     store: StoreConfig = Field(default_factory=StoreConfig)

@@ -9,15 +9,26 @@ happens: `quarantine` (the documents of the failing rows are quarantined with th
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+from prefect import get_run_logger
 
-from schemas.config import ACCESS_LEVELS
+from schemas.arrow import (
+    DOCUMENTS_SCHEMA,
+    ELEMENTS_SCHEMA,
+    EXTRACTED_SCHEMA,
+    embedded_chunks_schema,
+)
+from schemas.config import ACCESS_LEVELS, QualityConfig
 from schemas.errors import DataQualityError
+from tasks.artifacts import read_artifact, write_artifact
+from tasks.stage import stage
 
 Severity = Literal["quarantine", "fail", "warn"]
 
@@ -97,7 +108,9 @@ def scalar_view(table: pa.Table) -> pa.Table:
         finite_rows = np.isfinite(matrix).all(axis=1)
         dims = [dim] * table.num_rows
         finite = finite_rows.tolist()
-        norms = np.linalg.norm(np.where(np.isfinite(matrix), matrix, 0.0), axis=1).tolist()
+        # A non-finite vector has no length: null, so it fails vector_finite alone, not vector_not_zero too.
+        norms = [float(n) if ok else None
+                 for n, ok in zip(np.linalg.norm(np.where(np.isfinite(matrix), matrix, 0.0), axis=1), finite_rows)]
     out = table.drop_columns(["vector"])
     return (out.append_column("vector_dim", pa.array(dims, pa.int32()))
             .append_column("vector_finite", pa.array(finite, pa.bool_()))
@@ -109,6 +122,10 @@ def _context() -> Any:  # GX context, imported lazily: the import takes seconds
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
+    # Its INFO lines (temporary docs folders and the like) would reach cron mail; GX sets levels on its own loggers.
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("great_expectations")]:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     return context
@@ -153,3 +170,52 @@ def gate(outcomes: list[Outcome]) -> dict[str, str]:
             for doc in o.failed_docs:
                 reasons.setdefault(doc, f"validation: {o.artifact}.{o.check}")
     return reasons
+
+
+def quarantine_invalid(extracted: pa.Table, embedded: pa.Table, reasons: dict[str, str]) -> tuple[pa.Table, pa.Table]:
+    """Mark the documents that failed a quarantine check as quarantined and hold back their new chunks."""
+    if not reasons:
+        return extracted, embedded
+    rows = extracted.to_pylist()
+    for row in rows:
+        if row["doc_id"] in reasons and row["status"] == "ok":
+            row.update(status="quarantined", reason="invalid", message=reasons[row["doc_id"]])
+    keep = pc.invert(pc.is_in(embedded["doc_id"], value_set=pa.array(sorted(reasons), pa.string())))
+    return pa.Table.from_pylist(rows, schema=extracted.schema), embedded.filter(keep)
+
+
+def outcome_rows(outcomes: list[Outcome], sizes: dict[str, int]) -> list[dict]:
+    """Summarise outcomes for the run report: one row per artifact and check."""
+    return [{"artifact": o.artifact, "check": o.check, "severity": o.severity, "rows": sizes.get(o.artifact, 0),
+             "failed": len(o.failed_rows), "documents": list(o.failed_docs)} for o in outcomes]
+
+
+@stage("validate")
+def validate_stage(documents_path: str, elements_path: str, extracted_path: str, embedded_path: str,
+                   cfg: QualityConfig, max_tokens: int, dim: int, run_dir: str) -> dict:
+    """Validate this run's artifacts before the upsert; quarantine or stop as the checks' severities say."""
+    if not cfg.enabled:
+        return {"extracted": extracted_path, "embedded": embedded_path, "validation": []}
+    documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
+    documents = documents.filter(pc.is_in(documents["change"], pa.array(["new", "changed"])))
+    elements = read_artifact(elements_path, ELEMENTS_SCHEMA)
+    extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
+    schema = embedded_chunks_schema(dim)
+    embedded = read_artifact(embedded_path, schema)
+    # The chunker keeps to max_tokens; decoding and re-encoding a cut can add a token or two.
+    default = suites(max_tokens + 16, dim)
+    views = {"documents": documents, "elements": elements, "chunks": embedded.drop_columns(["vector"]),
+             "embedded_chunks": embedded.select(["chunk_id", "doc_id", "vector"])}
+    outcomes = [o for name, table in views.items()
+                for o in validate(name, table, with_severities(default[name], name, cfg.severity))]
+    summary = outcome_rows(outcomes, {name: table.num_rows for name, table in views.items()})
+    reasons = gate(outcomes)  # a failed `fail` check raises here, before anything is committed
+    extracted, embedded = quarantine_invalid(extracted, embedded, reasons)
+    logger = get_run_logger()
+    for row in summary:
+        if row["failed"]:
+            logger.warning("check %s.%s (%s): %d of %d rows failed", row["artifact"], row["check"],
+                           row["severity"], row["failed"], row["rows"])
+    return {"extracted": write_artifact(extracted, run_dir, "extracted-validated", EXTRACTED_SCHEMA),
+            "embedded": write_artifact(embedded, run_dir, "embedded_chunks-validated", schema),
+            "validation": summary}

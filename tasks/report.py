@@ -89,14 +89,19 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def quarantine_markdown(quarantined: list[dict], notices: list[str]) -> str:
-    """The run's quarantine list and notices as markdown (an empty list says so)."""
+def quarantine_markdown(quarantined: list[dict], notices: list[str], validation: list[dict] = ()) -> str:
+    """The run's quarantine list, data-quality results and notices as markdown (an empty list says so)."""
     lines = [f"## Quarantined documents ({len(quarantined)})", ""]
     if quarantined:
         lines += ["| document | reason | message |", "|---|---|---|"]
         lines += [f"| {_cell(q['doc_id'])} | {q['reason']} | {_cell(q['message'])} |" for q in quarantined]
     else:
         lines.append("None: every document that changed was indexed.")
+    if validation:
+        lines += ["", "## Data-quality checks", "", "| artifact | check | severity | rows | failed |",
+                  "|---|---|---|---:|---:|"]
+        lines += [f"| {v['artifact']} | {v['check']} | {v['severity']} | {v['rows']} | {v['failed']} |"
+                  for v in validation]
     if notices:
         lines += ["", "## Notices", "", *(f"- {_cell(n)}" for n in notices)]
     return "\n".join(lines)
@@ -106,7 +111,7 @@ def quarantine_markdown(quarantined: list[dict], notices: list[str]) -> str:
 def report_stage(documents_path: str, extracted_path: str, embedded_path: str, load: dict, *, usage: dict, dim: int,
                  store_uri: str, run_id: str, started: datetime, finished: datetime, config_fp: str,
                  stage_seconds: dict[str, float], notices: list[str], run_dir: str, runs_table: str = RUNS,
-                 artifact_key: str = "ingest-run-summary") -> dict:
+                 artifact_key: str = "ingest-run-summary", validation: list[dict] | None = None) -> dict:
     """Append the run to the runs table, write it as the run artifact and return the run summary."""
     summary = summarize_run(read_artifact(documents_path, DOCUMENTS_SCHEMA),
                             read_artifact(extracted_path, EXTRACTED_SCHEMA),
@@ -119,11 +124,11 @@ def report_stage(documents_path: str, extracted_path: str, embedded_path: str, l
     create_table_artifact(key=artifact_key, description=f"Inlet run {run_id}",
                           table=summary_table(summary, stage_seconds, load["versions"], run_id))
     create_markdown_artifact(key=artifact_key.replace("summary", "quarantine"),
-                             description=f"Inlet run {run_id}: quarantined documents and notices",
-                             markdown=quarantine_markdown(summary["quarantined"], notices))
+                             description=f"Inlet run {run_id}: quarantined documents, validation, notices",
+                             markdown=quarantine_markdown(summary["quarantined"], notices, validation or []))
     logger = get_run_logger()
     logger.info("run %s: %s", run_id, ", ".join(f"{k}={summary[k]}" for k in RUN_COUNTS))
     for notice in notices:
         logger.warning(notice)
     return {"run_id": run_id, **summary, "stage_seconds": stage_seconds, "versions": load["versions"],
-            "indexes": load.get("indexes", {}), "notices": notices}
+            "indexes": load.get("indexes", {}), "notices": notices, "validation": validation or []}

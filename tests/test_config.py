@@ -75,3 +75,13 @@ def test_a_default_mode_that_needs_the_fulltext_index_it_turned_off_is_refused(t
         load_config(bad)
     bad.write_text("sources: [{name: docs, path: .}]\nquery: {fulltext_index: false, mode: vector}\n")
     assert load_config(bad).query.mode == "vector"
+
+
+def test_an_unknown_quality_check_is_refused_naming_the_file_and_key(tmp_path):
+    bad = tmp_path / "inlet.yaml"
+    bad.write_text("sources: [{name: docs, path: .}]\nquality: {severity: {chunks.too_long: fail}}\n")
+    with pytest.raises(ConfigError, match=r"inlet.yaml: quality.severity: .*unknown check chunks.too_long"):
+        load_config(bad)
+    bad.write_text("sources: [{name: docs, path: .}]\nquality: {severity: {chunks.text_not_empty: stop}}\n")
+    with pytest.raises(ConfigError, match=r"inlet.yaml: quality.severity.chunks.text_not_empty: "):
+        load_config(bad)

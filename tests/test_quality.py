@@ -52,7 +52,7 @@ def test_vectors_are_judged_through_their_scalar_view():
     table = _embedded([[1, 0, 0], [np.nan, 1, 0], [0, 0, 0]])
     assert scalar_view(table).column_names == ["chunk_id", "doc_id", "vector_dim", "vector_finite", "vector_norm"]
     outcomes = validate("embedded_chunks", table, CHUNKS["embedded_chunks"])
-    assert gate(outcomes) == {"d1": "validation: embedded_chunks.vector_finite",
+    assert gate(outcomes) == {"d1": "validation: embedded_chunks.vector_finite",  # and not also "zero"
                               "d2": "validation: embedded_chunks.vector_not_zero"}
     with pytest.raises(DataQualityError, match="embedded_chunks.vector_dimension"):
         gate(validate("embedded_chunks", table, suites(max_tokens=200, dim=384)["embedded_chunks"]))
@@ -61,3 +61,54 @@ def test_vectors_are_judged_through_their_scalar_view():
 def test_documents_with_an_unknown_access_level_are_quarantined():
     docs = pa.table({"doc_id": ["a", "b"], "access_level": ["public", "top-secret"]})
     assert gate(validate("documents", docs, CHUNKS["documents"])) == {"b": "validation: documents.access_level_allowed"}
+
+
+@pytest.fixture
+def punctuation_doc(corpus, monkeypatch):
+    """A document that a faulty model embeds as NaN (models do: an fp16 overflow, a bad batch)."""
+    from providers.embedders import HashingEmbedder
+
+    (corpus / "dividers.md").write_text("# Dividers\n\n--- *** --- !!! ??? ... ;;; ///\n")
+    embed = HashingEmbedder.embed
+
+    def faulty(self, texts, titles=None):
+        vectors = embed(self, texts, titles)
+        vectors[[i for i, t in enumerate(texts) if "!!!" in t]] = np.nan
+        return vectors
+
+    monkeypatch.setattr(HashingEmbedder, "embed", faulty)
+    return corpus
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_run_quarantines_the_document_of_a_bad_vector_and_reports_the_checks(punctuation_doc, write_config):
+    from flows.ingest import ingest
+
+    config = write_config(punctuation_doc)
+    summary = ingest(config_path=str(config))
+    assert summary["quarantined"] == [{"doc_id": "sample:dividers.md", "reason": "invalid",
+                                       "message": "validation: embedded_chunks.vector_finite"}]
+    assert summary["docs_new"] == 6 and summary["docs_quarantined"] == 1
+    checks = {(v["artifact"], v["check"]): v["failed"] for v in summary["validation"]}
+    assert checks[("embedded_chunks", "vector_finite")] == 1 and sum(checks.values()) == 1
+
+    from query import search
+
+    assert all(h.doc_id != "sample:dividers.md" for h in search("dividers", k=50, mode="fulltext", config=config))
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_fail_severity_stops_the_run_before_anything_is_committed(punctuation_doc, write_config):
+    from flows.ingest import ingest
+
+    config = write_config(punctuation_doc,
+                          quality={"severity": {"embedded_chunks.vector_finite": "fail"}})
+    with pytest.raises(DataQualityError, match="embedded_chunks.vector_finite"):
+        ingest(config_path=str(config))
+    assert not (config.parent / "store" / "lancedb" / "chunks.lance").exists(), "nothing committed"
+
+
+def test_the_config_knows_every_check_the_suites_run():
+    from schemas.config import QUALITY_CHECKS
+
+    assert {a: tuple(c.name for c in checks) for a, checks in CHUNKS.items()} == QUALITY_CHECKS
