@@ -97,7 +97,7 @@ def compact_stage(store_uri: str, retention_days: float, now: datetime) -> dict[
         for tag in dropped:  # a tagged version cannot be pruned: the tag goes with the version it keeps
             table.tags.delete(tag)
         # Compaction, pruning of versions older than the cutoff, and folding new rows into the indexes.
-        table.optimize(cleanup_older_than=max(now - cutoff, timedelta(0)))
+        table.optimize(cleanup_older_than=timedelta(days=retention_days))
         out[name] = {"before": before, "after": _shape(table), "tags_removed": dropped}
     return out
 

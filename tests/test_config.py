@@ -68,20 +68,17 @@ def test_duplicate_source_names_are_rejected(tmp_path):
         load_config(path)
 
 
-def test_a_default_mode_that_needs_the_fulltext_index_it_turned_off_is_refused(tmp_path):
-    bad = tmp_path / "inlet.yaml"
-    bad.write_text("sources: [{name: docs, path: .}]\nquery: {fulltext_index: false}\n")
-    with pytest.raises(ConfigError, match=r"inlet.yaml: query: .*mode hybrid searches the full-text index"):
-        load_config(bad)
-    bad.write_text("sources: [{name: docs, path: .}]\nquery: {fulltext_index: false, mode: vector}\n")
-    assert load_config(bad).query.mode == "vector"
+@pytest.mark.parametrize(("section", "error"), [
+    ("query: {fulltext_index: false}", r"query: .*mode hybrid searches the full-text index"),
+    ("quality: {severity: {chunks.too_long: fail}}", r"quality.severity: .*unknown check chunks.too_long"),
+    ("quality: {severity: {chunks.text_not_empty: stop}}", r"quality.severity.chunks.text_not_empty: "),
+])
+def test_query_and_quality_settings_that_cannot_work_are_refused_naming_the_file_and_key(tmp_path, section, error):
+    path = _write(tmp_path, f"sources: [{{name: docs, path: .}}]\n{section}\n")
+    with pytest.raises(ConfigError, match=rf"{path}: {error}"):
+        load_config(path)
 
 
-def test_an_unknown_quality_check_is_refused_naming_the_file_and_key(tmp_path):
-    bad = tmp_path / "inlet.yaml"
-    bad.write_text("sources: [{name: docs, path: .}]\nquality: {severity: {chunks.too_long: fail}}\n")
-    with pytest.raises(ConfigError, match=r"inlet.yaml: quality.severity: .*unknown check chunks.too_long"):
-        load_config(bad)
-    bad.write_text("sources: [{name: docs, path: .}]\nquality: {severity: {chunks.text_not_empty: stop}}\n")
-    with pytest.raises(ConfigError, match=r"inlet.yaml: quality.severity.chunks.text_not_empty: "):
-        load_config(bad)
+def test_vector_mode_needs_no_fulltext_index(tmp_path):
+    path = _write(tmp_path, "sources: [{name: docs, path: .}]\nquery: {fulltext_index: false, mode: vector}\n")
+    assert load_config(path).query.mode == "vector"
