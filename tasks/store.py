@@ -15,7 +15,7 @@ import pyarrow as pa
 from filelock import FileLock, Timeout
 
 from schemas.arrow import DOCUMENT_ROWS_SCHEMA, conform
-from schemas.errors import StoreBusyError
+from schemas.errors import StoreBusyError, StoreError
 
 DOCUMENTS = "documents"
 RUNS = "runs"
@@ -89,7 +89,11 @@ def writer_lock(uri: str | Path, run: str, wait_s: float = 0) -> Iterator[None]:
     Ingest and maintenance take it; readers never do (they read whole versions).
     """
     folder = Path(uri)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        msg = f"{folder}: cannot create the store folder (store.uri): {exc.strerror or exc}"
+        raise StoreError(msg) from None
     lock, info = FileLock(folder / WRITER_LOCK), folder / WRITER_INFO
     try:
         lock.acquire(timeout=wait_s)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.errors import StoreBusyError
+from schemas.errors import StoreBusyError, StoreError
 from tasks.store import WRITER_INFO, writer_lock
 from tests.gemini_server import Faults, GeminiServer
 
@@ -76,3 +76,11 @@ def test_a_second_ingest_is_refused_while_the_first_is_writing(corpus, write_con
         assert third.returncode == 0 and "docs unchanged" in third.stdout, third.stderr[-2000:]
     finally:
         server.stop()
+
+
+def test_a_store_folder_that_cannot_be_made_is_a_store_error_naming_it(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(StoreError, match=r"file/lancedb: cannot create the store folder \(store.uri\)"), \
+            writer_lock(blocker / "lancedb", "a-run"):
+        pass
