@@ -15,7 +15,7 @@ from providers.keys import use_secret_block
 from schemas.config import InletConfig, load_config
 from tasks.chunk import chunk_stage
 from tasks.crawl import crawl_stage
-from tasks.detect import detect_stage, settings_fingerprint
+from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
 from tasks.embed import embed_stage
 from tasks.enrich import enrich_stage
 from tasks.extract import extract_stage
@@ -61,8 +61,12 @@ def new_run_id(now: datetime) -> str:
 
 
 @flow(name="ingest", log_prints=True)
-def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = False) -> dict:
+def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = False,
+           allow_deletions: bool = False) -> dict:
     """Bring the LanceDB store up to date with the configured sources; return the run summary.
+
+    A source whose listing fails, comes back empty or shrinks past its max_delete_share deletes
+    nothing and the run says so, unless allow_deletions.
 
     With index variants, the crawl and the extraction are shared; each variant then detects its own
     changes, chunks, enriches, embeds and commits to its own tables. The summary is the main
@@ -70,7 +74,6 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     """
     begin = time.perf_counter()
     cfg = load_config(config_path)
-    cfg.check_sources(config_path)
     use_secret_block(cfg.api_key_block)
     started = datetime.now(UTC)
     run_id = new_run_id(started)
@@ -87,14 +90,17 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
 
     # One writer at a time: a second run against this store is refused (or waits) before it reads anything.
     with writer_lock(cfg.store.uri, run_id, cfg.store.lock_wait_s):
-        listing = clock.run("crawl", crawl_stage, cfg, run_dir)
+        listing, failed_sources, crawl_notices = clock.run("crawl", crawl_stage, cfg, run_dir)
         detected = []
-        for name, vcfg, vdir, _ in variants:
+        for name, vcfg, vdir, notices in variants:
             suffix = "" if name is None else f" {name}"
             settings_fp = clock.run("fingerprint" + suffix, settings_fingerprint, vcfg)
             known = clock.run("read state" + suffix, known_documents, connect(store), vcfg.store.documents_table)
-            documents = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp, vcfg, vdir,
-                                  retry_quarantined)
+            if name is None:
+                refuse_unindexed_failures(config_path, cfg, failed_sources, known)
+            documents, detect_notices = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp, vcfg,
+                                                  vdir, retry_quarantined, failed_sources, allow_deletions)
+            notices.extend([*crawl_notices, *detect_notices])
             detected.append((settings_fp, documents))
         todo = detected[0][1] if len(variants) == 1 else clock.run(
             "plan extraction", extraction_todo_stage, [d for _, d in detected], run_dir)

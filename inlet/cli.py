@@ -55,6 +55,8 @@ def _print_summary(summary: dict) -> None:
 def ingest(
     config: ConfigOpt = DEFAULT_CONFIG,
     retry_quarantined: Annotated[bool, typer.Option(help="Try quarantined documents again even if unchanged.")] = False,
+    allow_deletions: Annotated[bool, typer.Option(help="Delete documents gone from a source even when the "
+                                                  "mass-deletion guard would hold them.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars, info logs or summary; errors "
                                         "and warnings only (for cron).")] = False,
@@ -67,9 +69,10 @@ def ingest(
     from tasks.progress import terminal_bars
 
     try:
-        load_config(config).check_sources(str(config))  # fail on a bad config before Prefect starts
+        load_config(config)  # fail on a bad config before Prefect starts
         with contextlib.nullcontext() if quiet or as_json else terminal_bars():
-            summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined)
+            summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined,
+                                  allow_deletions=allow_deletions)
     except InletError as exc:
         _fail(exc)
     if as_json:

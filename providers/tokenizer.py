@@ -41,3 +41,14 @@ def encode(text: str) -> list[int]:
 def decode(tokens: list[int]) -> str:
     """Decode cl100k_base tokens."""
     return encoding().decode(tokens)
+
+
+def token_offsets(text: str) -> tuple[list[int], list[int]]:
+    """Return (tokens, character offset where each token starts, plus len(text) at the end).
+
+    A token that begins inside a multi-byte character counts from that character, so cutting text at
+    these offsets never splits a character (decoding a token slice could, leaving U+FFFD behind).
+    """
+    tokens = encode(text)
+    decoded, offsets = encoding().decode_with_offsets(tokens)
+    return tokens, [*offsets, len(decoded)]

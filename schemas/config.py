@@ -68,6 +68,18 @@ class SourceConfig(_Strict):
     include: tuple[str, ...] = Field(DEFAULT_INCLUDE, description="Glob patterns (relative to path) to take.")
     exclude: tuple[str, ...] = Field((), description="Glob patterns (relative to path) to leave out.")
     metadata: SourceMetadata = Field(default_factory=SourceMetadata, description="Metadata for every document.")
+    max_delete_share: float = Field(
+        0.5, ge=0, le=1, description="Mass-deletion guard: a run that would delete more than this share of the "
+        "source's documents (or whose listing fails or comes back empty) deletes none; --allow-deletions overrides.")
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _inside_root(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in value:
+            if pattern.startswith("/") or ".." in pattern.replace("\\", "/").split("/"):
+                msg = f"'{pattern}': patterns are relative to the source folder and cannot leave it ('..', '/')"
+                raise ValueError(msg)
+        return value
 
     @field_validator("metadata")
     @classmethod
@@ -80,7 +92,11 @@ class ExtractionConfig(_Strict):
     """How documents become elements."""
 
     pdf_strategy: Literal["fast"] = Field("fast", description="unstructured PDF strategy; hi_res needs a hub model.")
-    max_file_mb: float = Field(100.0, gt=0, description="Files above this size are quarantined unread.")
+    max_file_mb: float = Field(100.0, gt=0, description="Files above this size are quarantined unread (too_large).")
+    timeout_s: float = Field(300.0, gt=0, description="Time limit for extracting one non-Markdown document; past it "
+                             "the document is quarantined (timeout) and the run goes on.")
+    workers: int = Field(1, ge=1, le=64, description="Processes partitioning non-Markdown documents in parallel "
+                         "(Markdown is read in the run's own process).")
 
 
 class ChunkStrategy(StrEnum):
@@ -388,13 +404,6 @@ class InletConfig(_Strict):
         prompt = self.enrichment.prompt
         enrichment = self.enrichment.model_copy(update={"prompt": _abs(prompt) if prompt else None})
         return self.model_copy(update={"sources": sources, "store": store, "enrichment": enrichment})
-
-    def check_sources(self, origin: str) -> None:
-        """Raise a ConfigError naming origin and the key when a source folder does not exist."""
-        for i, src in enumerate(self.sources):
-            if not src.path.is_dir():
-                msg = f"{origin}: sources.{i}.path: source '{src.name}' folder {src.path} does not exist"
-                raise ConfigError(msg)
 
     def fingerprint(self) -> str:
         """Return a short hash of the whole configuration."""

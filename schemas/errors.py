@@ -19,6 +19,21 @@ class DataQualityError(InletError):
     """A data-quality check of severity `fail` did not hold: the run stops before committing anything."""
 
 
+# Why a file's content could not be indexed: the fixed vocabulary of quarantine reasons for extraction.
+EXTRACTION_REASONS: tuple[str, ...] = (
+    "encrypted",  # needs a password (PDFs with an empty user password are opened, not quarantined)
+    "no_text",  # a PDF without a text layer (scanned) and OCR off
+    "corrupt",  # damaged or truncated: the parser failed or found nothing it could read
+    "unsupported",  # a format Inlet has no extractor for (legacy .doc, RTF, images, binaries)
+    "empty",  # no text at all, or only markup
+    "too_large",  # over extraction.max_file_mb: not read
+    "timeout",  # extraction ran past extraction.timeout_s
+    "decode_error",  # text whose encoding could not be detected
+)
+# Outside the file's content: "unreadable" (the file vanished or cannot be opened) and "invalid"
+# (a data-quality check of severity quarantine failed, see tasks/quality.py).
+
+
 class ExtractionError(InletError):
     """A document could not be read or partitioned; it is quarantined, the run goes on."""
 
@@ -26,6 +41,10 @@ class ExtractionError(InletError):
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message
+
+    def __reduce__(self) -> tuple:
+        """Pickle with both fields, so the error crosses from an extraction worker process intact."""
+        return (type(self), (self.reason, self.message))
 
 
 class StoreError(InletError):

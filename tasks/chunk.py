@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from providers.tokenizer import count_tokens as _count_tokens
-from providers.tokenizer import decode, encode
+from providers.tokenizer import encode, encoding, token_offsets
 from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA
 from schemas.config import ChunkingConfig, ChunkStrategy
 from tasks.artifacts import read_artifact, write_artifact
@@ -173,22 +173,23 @@ def _pages(blocks: list[Block]) -> tuple[int, ...]:
 
 def token_windows(text: str, max_tokens: int, overlap: int) -> list[str]:
     """Cut text into windows of max_tokens tokens, each sharing overlap tokens with the last."""
-    tokens = encode(text)
+    tokens, edges = token_offsets(text)
     if len(tokens) <= max_tokens:
         return [text]
     step = max_tokens - overlap
     starts = range(0, max(len(tokens) - overlap, 1), step)
-    return [decode(tokens[s : s + max_tokens]) for s in starts]
+    # Cut at character offsets, not by decoding token slices: a slice can end inside a character.
+    return [text[edges[s] : edges[min(s + max_tokens, len(tokens))]] for s in starts]
 
 
 def _overlap_tail(block: Block, overlap: int) -> Block | None:
     # Never carry a piece of a code block into the next chunk: it would be cut inside the fence.
     if overlap == 0 or block.kind == "code":
         return None
-    tokens = encode(block.text)
+    tokens, edges = token_offsets(block.text)
     if len(tokens) <= overlap:
         return block
-    return Block(decode(tokens[-overlap:]).lstrip(), block.kind, page=block.page)
+    return Block(block.text[edges[len(tokens) - overlap] :].lstrip(), block.kind, page=block.page)
 
 
 def _split_big_block(block: Block, cfg: ChunkingConfig) -> list[Block]:
@@ -234,10 +235,12 @@ def fixed_pieces(blocks: list[Block], cfg: ChunkingConfig) -> list[Piece]:
         pages.extend([block.page] * len(block_tokens))
     tokens, pages = tokens[: -len(sep)] if blocks else tokens, pages[: -len(sep)] if blocks else pages
     step = cfg.max_tokens - cfg.overlap_tokens
+    joined, offsets = encoding().decode_with_offsets(tokens)
+    edges = [*offsets, len(joined)]
     out = []
     for start in range(0, max(len(tokens) - cfg.overlap_tokens, 1), step):
-        window = tokens[start : start + cfg.max_tokens]
-        text = decode(window).strip()
+        # Cut at character offsets: decoding a token slice could split a character.
+        text = joined[edges[start] : edges[min(start + cfg.max_tokens, len(tokens))]].strip()
         if text:
             seen = tuple(sorted({p for p in pages[start : start + cfg.max_tokens] if p is not None}))
             out.append(Piece(text, (), seen))

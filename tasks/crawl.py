@@ -6,6 +6,7 @@ import hashlib
 import json
 import mimetypes
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +15,6 @@ from wcmatch import glob as wcglob
 
 from schemas.arrow import LISTING_SCHEMA
 from schemas.config import InletConfig, SourceConfig
-from schemas.errors import ConfigError
 from tasks.artifacts import write_artifact
 from tasks.stage import stage
 
@@ -34,10 +34,16 @@ def metadata_fields(src: SourceConfig) -> dict:
 _GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE  # ** spans folders, {md,txt} alternatives
 
 
-def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...]) -> list[tuple[str, Path]]:
-    """Return (relative posix path, path) of files under root matched by include and not by exclude, sorted."""
+def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...],
+                   outside: list[str] | None = None) -> list[tuple[str, Path]]:
+    """Return (relative posix path, path) of files under root matched by include and not by exclude, sorted.
+
+    Symlinked folders are not followed; a symlinked file is taken only when it resolves inside root,
+    so no link can lead the crawl elsewhere. Links that would are named in outside.
+    """
     wanted = wcglob.compile(include, flags=_GLOB_FLAGS)
     unwanted = wcglob.compile(exclude, flags=_GLOB_FLAGS) if exclude else None
+    real_root = root.resolve()
     out = []
     # os.walk does not follow symlinked folders, and is several times faster than Path.glob here.
     for dirpath, dirnames, filenames in os.walk(root):
@@ -46,19 +52,38 @@ def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...
         prefix = base.relative_to(root).as_posix()
         for name in filenames:
             rel = name if prefix == "." else f"{prefix}/{name}"
-            if wanted.match(rel) and not (unwanted and unwanted.match(rel)):
-                out.append((rel, base / name))
+            if not wanted.match(rel) or (unwanted and unwanted.match(rel)):
+                continue
+            path = base / name
+            if path.is_symlink() and not path.resolve().is_relative_to(real_root):
+                if outside is not None:
+                    outside.append(rel)
+                continue
+            out.append((rel, path))
     return sorted(out)
 
 
-def list_source(src: SourceConfig) -> list[dict]:
-    """List one source's files as listing rows."""
+@dataclass
+class Listed:
+    """One source's listing: its rows, or why listing failed, and what was left out on purpose."""
+
+    rows: list[dict] = field(default_factory=list)
+    failure: str | None = None
+    notices: list[str] = field(default_factory=list)
+
+
+def list_source(src: SourceConfig) -> Listed:
+    """List one source's files as listing rows; a folder that is missing or unreadable is a failed listing."""
     if not src.path.is_dir():
-        msg = f"source '{src.name}': path {src.path} is not a folder"
-        raise ConfigError(msg)
+        return Listed(failure=f"folder {src.path} does not exist or is not a folder")
     meta = metadata_fields(src)
+    outside: list[str] = []
+    try:
+        files = matching_files(src.path, src.include, src.exclude, outside)
+    except OSError as exc:
+        return Listed(failure=f"folder {src.path} could not be listed ({exc})")
     rows = []
-    for rel, path in matching_files(src.path, src.include, src.exclude):
+    for rel, path in files:
         try:
             stat = path.stat()
         except OSError:  # a dangling symlink or a file removed while listing: not a document now
@@ -66,18 +91,34 @@ def list_source(src: SourceConfig) -> list[dict]:
         rows.append({"doc_id": f"{src.name}:{rel}", "source": src.name, "path": str(path),
                      "uri": path.as_uri(), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
                      "mime": mimetypes.guess_type(path.name)[0], **meta})
-    return rows
+    shown = ", ".join(outside[:5]) + (" ..." if len(outside) > 5 else "")
+    notice = f"source '{src.name}': {len(outside)} symlinked file(s) lead outside {src.path}, not crawled: {shown}"
+    notices = [notice] if outside else []
+    return Listed(rows, None, notices)
 
 
-def crawl_sources(cfg: InletConfig) -> pa.Table:
-    """List every configured source."""
-    rows = [row for src in cfg.sources for row in list_source(src)]
-    return pa.Table.from_pylist(rows, schema=LISTING_SCHEMA)
+def crawl_sources(cfg: InletConfig) -> tuple[pa.Table, dict[str, str], list[str]]:
+    """List every configured source; return the listing, the sources whose listing failed (and why), notices."""
+    rows: list[dict] = []
+    failed: dict[str, str] = {}
+    notices: list[str] = []
+    for src in cfg.sources:
+        listed = list_source(src)
+        rows.extend(listed.rows)
+        notices.extend(listed.notices)
+        if listed.failure:
+            failed[src.name] = listed.failure
+    return pa.Table.from_pylist(rows, schema=LISTING_SCHEMA), failed, notices
 
 
 @stage("crawl")
-def crawl_stage(cfg: InletConfig, run_dir: str) -> str:
-    """List the sources and write the listing artifact."""
-    listing = crawl_sources(cfg)
-    get_run_logger().info("crawled %d files from %d sources", listing.num_rows, len(cfg.sources))
-    return write_artifact(listing, run_dir, "listing", LISTING_SCHEMA)
+def crawl_stage(cfg: InletConfig, run_dir: str) -> tuple[str, dict[str, str], list[str]]:
+    """List the sources and write the listing artifact; return its path, failed sources and notices."""
+    listing, failed, notices = crawl_sources(cfg)
+    logger = get_run_logger()
+    logger.info("crawled %d files from %d sources", listing.num_rows, len(cfg.sources))
+    for name, why in failed.items():
+        logger.warning("source '%s': listing failed: %s", name, why)
+    for notice in notices:
+        logger.warning(notice)
+    return write_artifact(listing, run_dir, "listing", LISTING_SCHEMA), failed, notices

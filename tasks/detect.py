@@ -14,6 +14,7 @@ from providers.embedders import embedder_spec
 from providers.enrichers import make_enricher
 from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA, REFRESH_ENRICHMENT
 from schemas.config import InletConfig
+from schemas.errors import ConfigError
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.stage import stage
 
@@ -56,13 +57,21 @@ def settings_fingerprint(cfg: InletConfig) -> str:
     return f"{_short_hash(chunking)}/{_short_hash(enricher)}"
 
 
-def _classify(row: dict, known: dict | None, settings_fp: str, hasher: Hasher, retry: bool) -> tuple[str, str | None, str | None]:
+def _digest(row: dict, hasher: Hasher, max_bytes: float) -> str | None:
+    """Hash the file, or, over the size limit, stand its size and mtime in for the hash without reading it."""
+    if row["size"] > max_bytes:
+        return f"unread:{row['size']}:{row['mtime_ns']}"
+    return hasher(row["path"])
+
+
+def _classify(row: dict, known: dict | None, settings_fp: str, hasher: Hasher, retry: bool,
+              max_bytes: float) -> tuple[str, str | None, str | None]:
     """Return (change, reason, content_hash) for one listed file."""
     if known is None:
-        digest = hasher(row["path"])
+        digest = _digest(row, hasher, max_bytes)
         return "new", None if digest else "unreadable", digest
     same_stat = (row["size"], row["mtime_ns"]) == (known["size"], known["mtime_ns"])
-    digest = known["content_hash"] if same_stat and known["content_hash"] else hasher(row["path"])
+    digest = known["content_hash"] if same_stat and known["content_hash"] else _digest(row, hasher, max_bytes)
     if digest is None:
         return "changed", "unreadable", None
     if digest != known["content_hash"]:
@@ -82,13 +91,17 @@ def _classify(row: dict, known: dict | None, settings_fp: str, hasher: Hasher, r
 
 def classify_documents(
     listing: pa.Table, known: pa.Table, settings_fp: str, *, hasher: Hasher = hash_file,
-    sources: set[str], retry_quarantined: bool = False,
+    sources: set[str], retry_quarantined: bool = False, max_bytes: float = float("inf"),
 ) -> pa.Table:
-    """Classify the listing against known document rows; known rows of listed sources that vanished are deleted."""
+    """Classify the listing against known document rows; known rows of listed sources that vanished are deleted.
+
+    Files over max_bytes are not read, not even to hash them: extraction quarantines them as too_large.
+    """
     by_id = {r["doc_id"]: r for r in known.to_pylist()}
     rows = []
     for row in listing.to_pylist():
-        change, reason, digest = _classify(row, by_id.get(row["doc_id"]), settings_fp, hasher, retry_quarantined)
+        change, reason, digest = _classify(row, by_id.get(row["doc_id"]), settings_fp, hasher, retry_quarantined,
+                                           max_bytes)
         rows.append({**row, "content_hash": digest, "change": change, "reason": reason})
     listed = set(listing["doc_id"].to_pylist())
     for doc_id, old in by_id.items():
@@ -98,16 +111,72 @@ def classify_documents(
     return pa.Table.from_pylist(rows, schema=DOCUMENTS_SCHEMA)
 
 
+def held_deletions(listing: pa.Table, known: pa.Table, failed: dict[str, str],
+                   max_share: dict[str, float]) -> dict[str, str]:
+    """Return the sources whose deletions must be held, with why: the mass-deletion guard.
+
+    A source is held when its listing failed, came back empty, or would delete more than its
+    max_delete_share of the documents the store holds for it: an unmounted drive or a broken
+    sitemap must not empty the index.
+    """
+    known_ids: dict[str, set[str]] = {}
+    for doc_id, source in zip(known["doc_id"].to_pylist(), known["source"].to_pylist()):
+        known_ids.setdefault(source, set()).add(doc_id)
+    listed: dict[str, set[str]] = {}
+    for doc_id, source in zip(listing["doc_id"].to_pylist(), listing["source"].to_pylist()):
+        listed.setdefault(source, set()).add(doc_id)
+    held = {}
+    for source, share in max_share.items():
+        have = known_ids.get(source, set())
+        gone = have - listed.get(source, set())
+        if not gone:
+            continue
+        if source in failed:
+            held[source] = f"its listing failed ({failed[source]})"
+        elif not listed.get(source):
+            held[source] = "its listing came back empty"
+        elif len(gone) > share * len(have):
+            held[source] = f"it would delete {len(gone)} of its {len(have)} documents (more than {share:.0%})"
+    return held
+
+
+def refuse_unindexed_failures(origin: str, cfg: InletConfig, failed: dict[str, str], known: pa.Table) -> None:
+    """Raise a ConfigError naming the file and key for a failed source the store holds nothing of.
+
+    A source that was indexed before and now fails to list is held by the guard (an unmounted
+    drive, say); one that never listed is most likely a mistake in the config.
+    """
+    indexed = set(known["source"].to_pylist())
+    for i, src in enumerate(cfg.sources):
+        if src.name in failed and src.name not in indexed:
+            msg = f"{origin}: sources.{i}.path: source '{src.name}' {failed[src.name]}"
+            raise ConfigError(msg)
+
+
 @stage("detect changes")
 def detect_stage(listing_path: str, known: pa.Table, settings_fp: str, cfg: InletConfig, run_dir: str,
-                 retry_quarantined: bool = False) -> str:
-    """Classify listed files against the documents table and write the documents artifact."""
+                 retry_quarantined: bool = False, failed_sources: dict[str, str] | None = None,
+                 allow_deletions: bool = False) -> tuple[str, list[str]]:
+    """Classify listed files against the documents table and write the documents artifact; return it and notices.
+
+    Sources held by the mass-deletion guard keep their vanished documents, unless allow_deletions.
+    """
+    listing = read_artifact(listing_path, LISTING_SCHEMA)
+    held = held_deletions(listing, known, failed_sources or {}, {s.name: s.max_delete_share for s in cfg.sources})
+    notices = [f"source '{name}': nothing deleted, because {why}; run with --allow-deletions to delete anyway"
+               for name, why in held.items() if not allow_deletions]
+    failed_sources = failed_sources or {}
+    notices += [f"source '{name}': listing failed: {why}" for name, why in failed_sources.items() if name not in held]
     documents = classify_documents(
-        read_artifact(listing_path, LISTING_SCHEMA), known, settings_fp,
-        sources={s.name for s in cfg.sources}, retry_quarantined=retry_quarantined,
+        listing, known, settings_fp,
+        sources={s.name for s in cfg.sources} - (set() if allow_deletions else set(held)),
+        retry_quarantined=retry_quarantined, max_bytes=cfg.extraction.max_file_mb * 1024 * 1024,
     )
     counts = {c: 0 for c in ("new", "changed", "unchanged", "deleted")}
     for change in documents["change"].to_pylist():
         counts[change] += 1
-    get_run_logger().info("documents: %s", ", ".join(f"{v} {k}" for k, v in counts.items()))
-    return write_artifact(documents, run_dir, "documents", DOCUMENTS_SCHEMA)
+    logger = get_run_logger()
+    logger.info("documents: %s", ", ".join(f"{v} {k}" for k, v in counts.items()))
+    for notice in notices:
+        logger.warning(notice)
+    return write_artifact(documents, run_dir, "documents", DOCUMENTS_SCHEMA), notices

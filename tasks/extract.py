@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
+import multiprocessing.context
 import re
 import zipfile
 from collections.abc import Callable
@@ -18,10 +20,10 @@ from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.progress import stage_progress
+from tasks.spacy_fallback import NOTICE, real_model_installed
 from tasks.stage import stage
 
 MARKDOWN = {".md", ".markdown"}
-PARTITIONED = {".txt", ".html", ".htm", ".pdf", ".docx"}
 _OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # legacy Office / encrypted OOXML container
 _FRONT_MATTER = re.compile(r"\A(?:---|\+\+\+)[ \t]*\n(.*?)\n(?:---|\+\+\+)[ \t]*(?:\n|\Z)", re.S)
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faster on front matter
@@ -39,28 +41,100 @@ class Extracted:
 
 # --- decoding and sniffing ------------------------------------------------------------------
 
+_BOMS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"),
+         (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+_TEXT_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".html", ".htm", ".xml", ".csv", ".srt", ".rst", ".log", ""}
+_OOXML = {".docx", ".xlsx", ".pptx"}
+
 
 def decode_text(data: bytes) -> str:
-    """Decode bytes as UTF-8 (BOM aware), else by detection; newlines normalised to \\n."""
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        from charset_normalizer import from_bytes
+    """Decode bytes by their BOM, as UTF-8 when they are valid UTF-8, else by detection; newlines normalised to \\n.
 
-        best = from_bytes(data).best()
-        if best is None:
-            raise ExtractionError("encoding", "could not detect the text encoding") from None
-        text = str(best)
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    Valid UTF-8 with NUL bytes (UTF-16 without a BOM) or ISO-2022 escapes is not taken for UTF-8.
+    """
+    encoding = next((enc for bom, enc in _BOMS if data.startswith(bom)), None)
+    if encoding is None and b"\x00" not in data and b"\x1b" not in data:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        else:
+            return text.replace("\r\n", "\n").replace("\r", "\n")
+    if encoding is None:
+        import chardet
+
+        # chardet 7 tells the ISO-8859 and Windows code pages apart where charset-normalizer does not.
+        encoding = chardet.detect(data[: 1 << 20])["encoding"]
+    try:
+        if encoding is None:
+            raise LookupError("no encoding detected")
+        text = data.decode(encoding)
+    except (LookupError, UnicodeDecodeError) as exc:
+        raise ExtractionError("decode_error", f"could not detect the text encoding ({exc})") from None
+    if "\x00" in text:
+        raise ExtractionError("decode_error", f"decoded as {encoding} but NUL characters remain: binary, not text")
+    return text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _looks_like_html(head: bytes) -> bool:
+    head = head.lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+    if head.startswith((b"<!doctype html", b"<html")):
+        return True
+    return head.startswith((b"<?xml", b"<!--", b"<!doctype")) and b"<html" in head
+
+
+def _head_as_utf8(head: bytes) -> bytes:
+    """Return the first bytes re-encoded as UTF-8 when a UTF-16/32 BOM says they are not."""
+    for bom, enc in _BOMS[1:]:
+        if head.startswith(bom):
+            return head.decode(enc, errors="ignore").encode("utf-8", errors="ignore")
+    return head
+
+
+def _is_docx_zip(data: bytes) -> bool:
+    import io
+
+    try:
+        return "word/document.xml" in zipfile.ZipFile(io.BytesIO(data)).namelist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
 
 
 def sniff_kind(data: bytes, suffix: str) -> str:
-    """Return the file kind from its leading bytes, falling back to the suffix."""
-    if data.startswith(b"%PDF-"):
+    """Return the kind to extract (.md .pdf .docx .html .xml .txt) from the leading bytes, then the suffix.
+
+    Content wins over the name: a PDF called .txt is read as a PDF, an HTML page saved as .txt as HTML.
+    Raise ExtractionError (unsupported or encrypted) for formats Inlet cannot read.
+    """
+    head = data[:2048]
+    if b"%PDF-" in data[:1024]:  # readers allow a little junk before the header; so do we
         return ".pdf"
-    if data.startswith(b"PK\x03\x04") and suffix in {".pdf", ".txt", ".md", ""}:
-        return ".docx"
-    return suffix
+    if data.startswith(b"PK\x03\x04"):
+        if suffix == ".docx" or _is_docx_zip(data):
+            return ".docx"
+        raise ExtractionError("unsupported", f"a zip archive ('{suffix or 'no extension'}'), not a Word document")
+    if data.startswith(_OLE2_MAGIC):
+        if suffix in _OOXML:  # encrypted OOXML files are OLE2 containers holding the encrypted package
+            raise ExtractionError("encrypted", f"an OLE2 container named {suffix}: a password-protected Office file")
+        raise ExtractionError("unsupported", "a legacy Office (OLE2) file: .doc/.xls/.ppt need conversion first")
+    if data.startswith(b"{\\rtf"):
+        raise ExtractionError("unsupported", "RTF has no extractor here; convert it to .docx or text")
+    if suffix in {".pdf", ".docx"}:
+        return suffix  # named so but without the format's signature: its parser says how it is damaged
+    if suffix in MARKDOWN:
+        return ".md"
+    if _looks_like_html(_head_as_utf8(head)):
+        return ".html"
+    if suffix in {".html", ".htm", ".xml"}:
+        return ".html" if suffix == ".htm" else suffix
+    if suffix in _TEXT_SUFFIXES or suffix not in _BINARY_SUFFIXES:
+        return ".txt"  # decoded later: undecodable bytes become decode_error
+    raise ExtractionError("unsupported", f"no extractor for '{suffix}' files")
+
+
+_BINARY_SUFFIXES = {".doc", ".xls", ".ppt", ".xlsx", ".pptx", ".odt", ".ods", ".odp", ".rtf", ".epub", ".png", ".jpg",
+                    ".jpeg", ".gif", ".tif", ".tiff", ".bmp", ".webp", ".zip", ".gz", ".tar", ".7z", ".exe", ".bin",
+                    ".so", ".dll", ".mp3", ".mp4", ".wav", ".avi", ".mov", ".parquet", ".sqlite", ".db"}
 
 
 def split_front_matter(text: str) -> tuple[dict, str]:
@@ -86,16 +160,20 @@ def _first_heading(text: str) -> str | None:
 # --- per format -------------------------------------------------------------------------------
 
 
-def markdown_elements(doc_id: str, data: bytes, name: str) -> tuple[list[dict], str | None]:
+def markdown_elements(doc_id: str, text: str, name: str) -> tuple[list[dict], str | None]:
     """Keep Markdown as written (headings, fences) so the chunker sees its structure."""
-    meta, body = split_front_matter(decode_text(data))
+    meta, body = split_front_matter(text)
     if not body.strip():
         raise ExtractionError("empty", "the document has no text")
     title = meta.get("title") if isinstance(meta.get("title"), str) else None
-    title = title or _first_heading(body) or Path(name).stem
+    title = title or _first_heading(body) or _stem(name)
     row = {"doc_id": doc_id, "element_index": 0, "kind": "markdown", "text": body,
            "heading_level": None, "page": None}
     return [row], title
+
+
+def _stem(name: str) -> str:
+    return Path(name.rstrip("/")).stem or name
 
 
 def _table_text(element: object) -> str:
@@ -132,29 +210,104 @@ def element_row(doc_id: str, index: int, element: object) -> dict | None:
             "heading_level": level, "page": getattr(element.metadata, "page_number", None)}
 
 
-def _partition(path: str, kind: str, cfg: ExtractionConfig) -> list:
+def _html_title(text: str) -> str | None:
+    match = re.search(r"<title[^>]*>(.*?)</title\s*>", text[:65536], re.I | re.S)
+    if not match:
+        return None
+    import html
+
+    return " ".join(html.unescape(match.group(1)).split()) or None
+
+
+# Page furniture, not content: navigation, site headers and footers, sidebars, forms' buttons, hidden parts.
+_BOILERPLATE = (
+    "//nav|//aside|//script|//style|//noscript|//template|//button|//dialog"
+    "|//*[@role='navigation' or @role='banner' or @role='contentinfo' or @role='complementary' or @role='search']"
+    "|//*[@aria-hidden='true' or @hidden]"
+    "|//header[not(ancestor::article) and not(ancestor::main) and not(.//h1)]"  # a page header holding the h1 is the
+    "|//footer[not(ancestor::article) and not(ancestor::main)]"  # article's own, not the site's
+)
+
+
+# ids and class names that mark navigation and page furniture (whole words, or joined by - or _).
+_FURNITURE_NAME = re.compile(
+    r"(?:^|[\s_-])(?:nav|navbar|navigation|menu|sidebar|breadcrumbs?|footer|cookies?|cookie-banner|toc|"
+    r"table-of-contents|skip-link|site-header|pagination)(?:$|[\s_-])", re.I)
+
+
+def clean_html(text: str) -> str:
+    """Keep a page's content: its <main> (or its largest <article>) without navigation, sidebars and footers.
+
+    Pages without such landmarks keep their whole body minus the furniture. Unparseable markup is
+    returned as it came, for unstructured's own lenient parser.
+    """
+    import lxml.etree
+    import lxml.html
+
+    try:
+        root = lxml.html.document_fromstring(text)
+    except (lxml.etree.ParserError, ValueError):
+        return text
+    # A "skip to content" link names the content's id: the most reliable landmark on pages without <main>.
+    skip_targets = [a.get("href")[1:] for a in root.xpath("//a[starts-with(@href, '#')]")
+                    if re.match(r"\s*skip\b", a.text_content(), re.I) and len(a.get("href")) > 1]
+    for element in root.xpath(_BOILERPLATE):
+        if element.getparent() is not None:
+            element.drop_tree()
+    total = len(root.text_content())
+    for element in root.xpath("//*[@id or @class]"):
+        names = f"{element.get('id', '')} {element.get('class', '')}"
+        # Class names lie (a "sidebar-layout" wrapper may hold the article): only small parts go by name.
+        if (element.getparent() is not None and element.tag not in {"html", "body"} and _FURNITURE_NAME.search(names)
+                and len(element.text_content()) < 0.25 * total):
+            element.drop_tree()
+    candidates = (root.xpath("//main|//*[@role='main']") or root.xpath("//article")
+                  or [el for t in skip_targets for el in root.xpath("//*[@id=$id]", id=t)])
+    content = max(candidates, key=lambda el: len(el.text_content())) if candidates else root
+    if not content.text_content().strip():
+        return text  # nothing but furniture: better the whole page than nothing
+    return lxml.html.tostring(content, encoding="unicode")
+
+
+_XML_DECLARATION = re.compile(r"\A\s*<\?xml[^>]*\?>")
+
+
+def _partition(kind: str, data: bytes, text: str | None, cfg: ExtractionConfig) -> list:
+    """Run unstructured's partitioner for kind over the bytes (PDF, DOCX) or the decoded text."""
+    import io
+
     if kind == ".pdf":
         from unstructured.partition.pdf import partition_pdf
 
-        # pdfminer opens PDFs encrypted with an empty user password on its own.
-        return partition_pdf(filename=path, strategy=cfg.pdf_strategy, languages=["eng"])
+        return partition_pdf(file=io.BytesIO(data), strategy=cfg.pdf_strategy, languages=["eng"])
     if kind == ".docx":
         from unstructured.partition.docx import partition_docx
 
-        return partition_docx(filename=path)
-    if kind in {".html", ".htm"}:
+        return partition_docx(file=io.BytesIO(data))
+    if kind == ".html":
         from unstructured.partition.html import partition_html
 
-        return partition_html(filename=path)
+        return partition_html(text=clean_html(text))
+    if kind == ".xml":
+        from unstructured.partition.html import partition_html
+        from unstructured.partition.xml import partition_xml
+
+        # The text is decoded already: a declaration naming its old encoding would make lxml refuse it.
+        text = _XML_DECLARATION.sub("", text, count=1)
+        try:
+            return partition_xml(text=text)
+        except Exception:  # noqa: BLE001 - malformed XML: the lenient HTML parser still finds its text
+            return partition_html(text=text)
     from unstructured.partition.text import partition_text
 
-    return partition_text(filename=path, languages=["eng"])
+    return partition_text(text=text, languages=["eng"])
 
 
-def check_pdf_opens(data: bytes) -> str | None:
-    """Refuse PDFs that need a password; return pypdf's complaint about a damaged file, if any.
+def open_pdf(data: bytes) -> tuple[object | None, str | None]:
+    """Open a PDF with pypdf, trying the empty user password; return (reader, complaint about damage).
 
-    unstructured returns no text for both instead of saying why.
+    A PDF that needs a real password is refused as encrypted. pypdf is stricter than pdfminer, so a
+    complaint does not stop extraction: it explains the verdict if nothing else can read the file.
     """
     import io
 
@@ -167,85 +320,212 @@ def check_pdf_opens(data: bytes) -> str | None:
         if reader.is_encrypted and not reader.decrypt(""):
             raise ExtractionError("encrypted", "the PDF needs a user password")
         len(reader.pages)
-    except (PyPdfError, ValueError, KeyError, TypeError, AssertionError, RecursionError) as exc:
-        # pypdf is stricter than pdfminer: let unstructured try, and keep this for the verdict.
-        return f"{type(exc).__name__}: {exc}"[:300]
-    return None
+    except (PyPdfError, ValueError, KeyError, TypeError, AssertionError, RecursionError, OSError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"[:300]
+    return reader, None
 
 
-def _classify_failure(exc: Exception, data: bytes, kind: str) -> ExtractionError:
+def pypdf_elements(doc_id: str, reader: object) -> list[dict]:
+    """Read a PDF's text layer page by page with pypdf: for files pdfminer opens but cannot read."""
+    rows: list[dict] = []
+    for page_number, page in enumerate(reader.pages, start=1):
+        try:
+            text = page.extract_text() or ""
+        except Exception:  # noqa: BLE001, S112 - a damaged page is skipped; the others still count
+            continue
+        for paragraph in re.split(r"\n\s*\n", text):
+            if paragraph.strip():
+                rows.append({"doc_id": doc_id, "element_index": len(rows), "kind": "text",
+                             "text": paragraph.strip(), "heading_level": None, "page": page_number})
+    return rows
+
+
+def _classify_failure(exc: Exception, kind: str) -> ExtractionError:
     name = type(exc).__name__
     text = f"{name}: {exc}"[:500]
     if "Password" in name or "password" in str(exc).lower() or "decrypt" in str(exc).lower():
         return ExtractionError("encrypted", f"the file is password-protected ({text})")
-    if kind == ".docx" and data.startswith(_OLE2_MAGIC):
-        return ExtractionError("encrypted", "an OLE2 container, not a .docx zip: encrypted or legacy Word")
-    if isinstance(exc, zipfile.BadZipFile):
-        return ExtractionError("corrupt", f"not a readable .docx zip ({text})")
+    if kind == ".docx":
+        return ExtractionError("corrupt", f"not a readable .docx ({text})")
     return ExtractionError("corrupt", f"the parser failed ({text})")
 
 
-def partitioned_elements(doc_id: str, path: str, data: bytes, cfg: ExtractionConfig) -> tuple[list[dict], str | None]:
-    """Partition a non-Markdown file with unstructured."""
-    kind = sniff_kind(data, Path(path).suffix.lower())
-    if kind not in PARTITIONED:
-        raise ExtractionError("unsupported", f"no extractor for '{kind or 'no extension'}' files")
-    if kind in {".txt", ".html", ".htm"} and not decode_text(data).strip():
-        raise ExtractionError("empty", "the document has no text")
-    damage = check_pdf_opens(data) if kind == ".pdf" else None
+def _pdf_rows(doc_id: str, data: bytes, cfg: ExtractionConfig) -> list[dict]:
+    reader, damage = open_pdf(data)
     try:
-        elements = _partition(path, kind, cfg)
-    except Exception as exc:  # noqa: BLE001 - any parser failure quarantines this one document
-        raise _classify_failure(exc, data, kind) from exc
-    rows = [r for i, e in enumerate(elements) if (r := element_row(doc_id, i, e)) is not None]
+        rows = [r for i, e in enumerate(_partition(".pdf", data, None, cfg)) if (r := element_row(doc_id, i, e))]
+    except Exception as exc:  # noqa: BLE001 - pdfminer failed: pypdf may still read the text layer
+        rows, damage = [], damage or f"{type(exc).__name__}: {exc}"[:300]
+    if not rows and reader is not None:
+        # pdfminer reads nothing from some files pypdf reads (owner-password files, odd fonts, damage).
+        rows = pypdf_elements(doc_id, reader)
     if not rows and damage:
         raise ExtractionError("corrupt", f"the PDF is damaged and yielded no text ({damage})")
     if not rows:
-        reason = "no_text" if kind == ".pdf" else "empty"
-        raise ExtractionError(reason, "no text could be extracted (scanned or image-only?)")
-    title = next((r["text"] for r in rows if r["kind"] == "heading"), None) or Path(path).stem
-    return rows, title
+        raise ExtractionError("no_text", "the PDF has no text layer (scanned or image-only); OCR is off")
+    return rows
 
 
-def extract_document(doc_id: str, path: str, cfg: ExtractionConfig) -> Extracted:
-    """Read and extract one file; raise ExtractionError with a reason code on failure."""
+def extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig) -> Extracted:
+    """Extract one document's bytes; name (a path or URL) gives the extension when the content does not.
+
+    Raise ExtractionError with a reason from EXTRACTION_REASONS when the document cannot be indexed.
+    """
+    digest = hashlib.sha256(data).hexdigest()
+    if not data.strip():
+        raise ExtractionError("empty", "the file is empty")
+    suffix = Path(name).suffix.lower()
+    kind = sniff_kind(data, suffix)
+    text = None
+    if kind in {".md", ".html", ".xml", ".txt"}:
+        try:
+            text = decode_text(data)
+        except ExtractionError:
+            if suffix in _TEXT_SUFFIXES:
+                raise
+            raise ExtractionError("unsupported", f"'{suffix}' content that is not text: no extractor") from None
+        if not text.strip():
+            raise ExtractionError("empty", "the document has no text")
+    if kind == ".md":
+        rows, title = markdown_elements(doc_id, text, name)
+        return Extracted(rows, title, digest)
+    if kind == ".pdf":
+        rows = _pdf_rows(doc_id, data, cfg)
+    else:
+        try:
+            rows = [r for i, e in enumerate(_partition(kind, data, text, cfg)) if (r := element_row(doc_id, i, e))]
+        except ExtractionError:
+            raise
+        except Exception as exc:  # any parser failure quarantines this one document
+            raise _classify_failure(exc, kind) from exc
+        if not rows:
+            raise ExtractionError("empty", "no text could be extracted (only markup or whitespace)")
+    heading = next((r["text"] for r in rows if r["kind"] == "heading"), None)
+    title = heading or (_html_title(text) if kind == ".html" else None) or _stem(name)
+    return Extracted(rows, title, digest)
+
+
+def read_document(path: str, cfg: ExtractionConfig) -> bytes:
+    """Read a document's bytes, refusing files over the size limit unread."""
     try:
         size = Path(path).stat().st_size
         if size > cfg.max_file_mb * 1024 * 1024:
             raise ExtractionError("too_large", f"{size} bytes is over the {cfg.max_file_mb} MB limit")
-        data = Path(path).read_bytes()
+        return Path(path).read_bytes()
     except OSError as exc:
         raise ExtractionError("unreadable", exc.strerror or str(exc)) from exc
-    if not data.strip():
-        raise ExtractionError("empty", "the file is empty")
-    digest = hashlib.sha256(data).hexdigest()
-    if Path(path).suffix.lower() in MARKDOWN and not data.startswith((b"%PDF-", b"PK\x03\x04")):
-        rows, title = markdown_elements(doc_id, data, path)
-    else:
-        rows, title = partitioned_elements(doc_id, path, data, cfg)
-    return Extracted(rows, title, digest)
+
+
+def extract_document(doc_id: str, path: str, cfg: ExtractionConfig) -> Extracted:
+    """Read and extract one file; raise ExtractionError with a reason code on failure."""
+    return extract_bytes(doc_id, path, read_document(path, cfg), cfg)
+
+
+# --- worker processes -------------------------------------------------------------------------------
+
+
+_PARTITIONERS = ["unstructured.partition.pdf", "unstructured.partition.docx", "unstructured.partition.html",
+                 "unstructured.partition.xml", "unstructured.partition.text"]
+
+
+def _start_worker() -> None:
+    """Prepare an extraction worker: the offline spaCy stand-in, when the real model is missing."""
+    from tasks.spacy_fallback import install_fallback_if_needed
+
+    install_fallback_if_needed()
+
+
+def _worker_context() -> multiprocessing.context.BaseContext:
+    """A forkserver that has imported the partitioners once, so each new worker starts in milliseconds.
+
+    Forking the run's own process is not safe: Prefect's threads may hold locks at the moment of the fork.
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["tasks.extract", "tasks.spacy_fallback", *_PARTITIONERS])
+    return ctx
+
+
+class ExtractionPool:
+    """Worker processes for non-Markdown documents, each extraction under extraction.timeout_s.
+
+    A document past its time limit has its worker killed (quarantined as timeout); a worker that
+    dies (a parser crash, the OOM killer) costs only its document (corrupt). The run goes on.
+    """
+
+    def __init__(self, cfg: ExtractionConfig) -> None:
+        import pebble
+
+        self._cfg = cfg
+        self._pool = pebble.ProcessPool(max_workers=cfg.workers, initializer=_start_worker, context=_worker_context())
+
+    def submit(self, doc_id: str, path: str) -> object:
+        """Schedule one document; its time limit starts when a worker picks it up."""
+        return self._pool.schedule(extract_document, args=(doc_id, path, self._cfg), timeout=self._cfg.timeout_s)
+
+    def result(self, future: object) -> Extracted:
+        """Wait for one document; raise ExtractionError for a time-out or a dead worker."""
+        from pebble import ProcessExpired
+
+        try:
+            return future.result()
+        except TimeoutError:
+            raise ExtractionError("timeout", f"extraction ran past the {self._cfg.timeout_s:g} s limit") from None
+        except ProcessExpired as exc:
+            raise ExtractionError("corrupt", f"the parser process died (exit code {exc.exitcode})") from None
+
+    def close(self) -> None:
+        """Stop the workers."""
+        self._pool.stop()
+        self._pool.join()
+
+
+def _in_process(path: str) -> bool:
+    """Markdown is read in the run's own process: no partitioner to hang, and no worker start-up to pay.
+
+    A file named .md that is really a PDF or an Office file goes to a worker like any other.
+    """
+    if Path(path).suffix.lower() not in MARKDOWN:
+        return False
+    try:
+        with Path(path).open("rb") as fh:
+            head = fh.read(1024)
+    except OSError:
+        return True  # reported as unreadable by extract_document
+    return not (b"%PDF-" in head or head.startswith((b"PK\x03\x04", _OLE2_MAGIC)))
 
 
 # --- stage ----------------------------------------------------------------------------------------
 
 
+def _quarantined(doc: dict, exc: ExtractionError) -> dict:
+    return {"doc_id": doc["doc_id"], "title": None, "status": "quarantined", "reason": exc.reason,
+            "message": exc.message, "content_hash": doc["content_hash"]}
+
+
 def extract_documents(documents: pa.Table, cfg: ExtractionConfig,
                       advance: Callable[[int], None] | None = None) -> tuple[pa.Table, pa.Table]:
     """Extract every new or changed document; failures become 'quarantined' rows, not exceptions."""
-    elements: list[dict] = []
-    extracted: list[dict] = []
-    for doc in documents.filter(pa.compute.is_in(documents["change"], pa.array(["new", "changed"]))).to_pylist():
-        try:
-            result = extract_document(doc["doc_id"], doc["path"], cfg)
-        except ExtractionError as exc:
-            extracted.append({"doc_id": doc["doc_id"], "title": None, "status": "quarantined",
-                              "reason": exc.reason, "message": exc.message, "content_hash": doc["content_hash"]})
-        else:
-            elements.extend(result.elements)
-            extracted.append({"doc_id": doc["doc_id"], "title": result.title, "status": "ok",
-                              "reason": None, "message": None, "content_hash": result.content_hash})
-        if advance is not None:
-            advance(1)
+    todo = documents.filter(pa.compute.is_in(documents["change"], pa.array(["new", "changed"]))).to_pylist()
+    pool = ExtractionPool(cfg) if any(not _in_process(d["path"]) for d in todo) else None
+    try:
+        futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"]) for d in todo if not _in_process(d["path"])}
+        elements: list[dict] = []
+        extracted: list[dict] = []
+        for doc in todo:
+            try:
+                future = futures.get(doc["doc_id"])
+                result = pool.result(future) if future else extract_document(doc["doc_id"], doc["path"], cfg)
+            except ExtractionError as exc:
+                extracted.append(_quarantined(doc, exc))
+            else:
+                elements.extend(result.elements)
+                extracted.append({"doc_id": doc["doc_id"], "title": result.title, "status": "ok",
+                                  "reason": None, "message": None, "content_hash": result.content_hash})
+            if advance is not None:
+                advance(1)
+    finally:
+        if pool is not None:
+            pool.close()
     return (pa.Table.from_pylist(elements, schema=ELEMENTS_SCHEMA),
             pa.Table.from_pylist(extracted, schema=EXTRACTED_SCHEMA))
 
@@ -256,11 +536,8 @@ def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str) -> t
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
     todo = [p for p, c in zip(documents["path"].to_pylist(), documents["change"].to_pylist()) if c in ("new", "changed")]
     notice = None
-    if any(Path(p).suffix.lower() not in MARKDOWN for p in todo):
-        # Only pay for loading spaCy and unstructured (~2-4 s) when some file needs unstructured.
-        from tasks.spacy_fallback import install_fallback_if_needed
-
-        notice = install_fallback_if_needed()
+    if any(not _in_process(p) for p in todo) and not real_model_installed():
+        notice = NOTICE  # the workers install the stand-in pipeline (see _start_worker)
     with stage_progress("extract", len(todo)) as advance:
         elements, extracted = extract_documents(documents, cfg, advance)
     failed = extracted.filter(pa.compute.equal(extracted["status"], "quarantined"))

@@ -9,9 +9,11 @@ the real model is not installed.
 from __future__ import annotations
 
 import functools
+import importlib.util
+from typing import TYPE_CHECKING
 
-import spacy
-from spacy.language import Language
+if TYPE_CHECKING:
+    from spacy.language import Language
 
 MODEL_NAME = "en_core_web_sm"
 NOTICE = (
@@ -34,13 +36,15 @@ _VERBS = (
 
 
 def real_model_installed() -> bool:
-    """Tell whether spaCy can load en_core_web_sm from this environment."""
-    return spacy.util.is_package(MODEL_NAME)
+    """Tell whether spaCy can load en_core_web_sm from this environment (without importing spaCy)."""
+    return importlib.util.find_spec(MODEL_NAME) is not None
 
 
 @functools.cache
 def fallback_pipeline() -> Language:
     """Build the stand-in pipeline once."""
+    import spacy
+
     nlp = spacy.blank("en")
     nlp.add_pipe("sentencizer")
     ruler = nlp.add_pipe("attribute_ruler")

@@ -56,7 +56,7 @@ def write_config(tmp_path: Path) -> Callable[..., Path]:
     return _write
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def shared_corpora() -> Path:
     """../shared/corpora, or skip when this checkout has no shared folder beside it."""
     if not CORPORA.is_dir():

@@ -136,3 +136,14 @@ def test_pages_follow_elements():
     rows = chunk_elements(elements, ChunkingConfig()).to_pylist()
     assert [(r["heading_path"], r["page_start"], r["page_end"]) for r in rows] == [(["Intro"], 1, 1), (["Money"], 2, 2)]
     assert rows[1]["text"] == "# Money\n\nsecond page text"
+
+
+def test_windows_never_split_a_character():
+    # Cyrillic takes two bytes a character and tiktoken cuts some of them between tokens.
+    text = " ".join(["Однако директор училища посоветовал молодому человеку поступить в Цюрихский Политехникум."] * 40)
+    for strategy in ("markdown", "fixed"):
+        cfg = ChunkingConfig(strategy=strategy, max_tokens=37, overlap_tokens=11)
+        rows = [{"doc_id": "d", "element_index": 0, "kind": "text", "text": text, "heading_level": None, "page": None}]
+        chunks = chunk_elements(pa.Table.from_pylist(rows), cfg).to_pylist()
+        assert len(chunks) > 5
+        assert not [c["text"] for c in chunks if "\ufffd" in c["text"]], strategy

@@ -6,7 +6,7 @@ import pytest
 
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
-from tasks.extract import decode_text, extract_document, split_front_matter
+from tasks.extract import clean_html, decode_text, extract_document, split_front_matter
 from tasks.spacy_fallback import (
     NOTICE,
     install_fallback_if_needed,
@@ -103,6 +103,43 @@ def test_non_utf8_text_is_decoded_by_detection():
     text = "Überseehafen: Schiffe müssen die Gebühren vor der Abfahrt bezahlen, sagt die Behörde."
     assert decode_text(text.encode("cp1252")) == text
     assert decode_text(b"\xef\xbb\xbfa\r\nb") == "a\nb"
+    # Both are valid UTF-8 byte for byte, and both would be read wrongly as UTF-8.
+    english = "This is a test document to use for unit tests. It has several sentences in it."
+    assert decode_text(english.encode("utf-16-be")) == english, "UTF-16 without a BOM"
+    korean = "한국어 텍스트는 이렇게 인코딩됩니다. 한국어 텍스트는 이렇게 인코딩됩니다."
+    assert decode_text(korean.encode("iso-2022-kr")) == korean
+
+
+def test_binary_content_is_unsupported_or_undecodable(tmp_path):
+    blob = bytes(range(256)) * 64
+    (tmp_path / "data.weird").write_bytes(blob)
+    (tmp_path / "notes.txt").write_bytes(blob)
+    with pytest.raises(ExtractionError) as unknown:
+        extract_document("d", str(tmp_path / "data.weird"), CFG)
+    with pytest.raises(ExtractionError) as named_text:
+        extract_document("d", str(tmp_path / "notes.txt"), CFG)
+    assert (unknown.value.reason, named_text.value.reason) == ("unsupported", "decode_error")
+
+
+def test_html_title_falls_back_from_heading_to_title_element_to_file_name(tmp_path):
+    pages = {"h.html": "<html><head><title>T</title></head><body><h1>Heading</h1><p>Body text here.</p></body></html>",
+             "t.html": "<html><head><title>Only &amp; title</title></head><body><p>Body text here.</p></body></html>",
+             "name-only.html": "<html><body><p>Body text here.</p></body></html>"}
+    for name, html in pages.items():
+        (tmp_path / name).write_text(html)
+    titles = [extract_document("d", str(tmp_path / n), CFG).title for n in pages]
+    assert titles == ["Heading", "Only & title", "name-only"]
+
+
+def test_navigation_and_page_furniture_are_dropped():
+    html = ("<html><body><a href='#c'>Skip to content</a><header><a href='/'>Site</a></header>"
+            "<nav><a>Home</a><a>Docs</a></nav><div id='c'><h1>Tides</h1><p>High water is at noon.</p>"
+            "<button>Copy</button></div><div class='sidebar'>Related: moorings</div>"
+            "<footer>© Harbour club</footer></body></html>")
+    from unstructured.partition.html import partition_html
+
+    texts = [e.text for e in partition_html(text=clean_html(html))]
+    assert texts == ["Tides", "High water is at noon."]
 
 
 def test_front_matter_split():
