@@ -18,8 +18,8 @@ _METADATA_FIELDS = [
     pa.field("expires_at", pa.timestamp("us", tz="UTC")),  # search leaves the document out after this
 ]
 
-# crawl -> listing: every file a source currently holds.
-LISTING_SCHEMA = pa.schema([
+# The listing fields the documents table keeps.
+_LISTED = pa.schema([
     pa.field("doc_id", pa.string(), nullable=False),  # "<source>:<relative posix path>", stable
     pa.field("source", pa.string(), nullable=False),
     pa.field("path", pa.string(), nullable=False),
@@ -30,6 +30,11 @@ LISTING_SCHEMA = pa.schema([
     *_METADATA_FIELDS,
     pa.field("meta_hash", pa.string(), nullable=False),  # hash of the metadata above: a change re-stamps chunks
 ])
+
+# crawl -> listing: every document a source currently holds.
+LISTING_SCHEMA = _LISTED.append(
+    pa.field("member", pa.string())  # a page inside the file at path (an llms-full.txt bundle's URL or path)
+).append(pa.field("listed_hash", pa.string()))  # content hash known at listing time: detection need not read path
 
 # detect -> documents: the listing classified against the documents table, plus deleted ones.
 DOCUMENTS_SCHEMA = LISTING_SCHEMA.append(pa.field("content_hash", pa.string())).append(
@@ -107,7 +112,7 @@ def chunk_rows_schema(dim: int) -> pa.Schema:
 
 # LanceDB documents table: one row per source document; content_hash is the commit marker.
 DOCUMENT_ROWS_SCHEMA = pa.schema([
-    *LISTING_SCHEMA,
+    *_LISTED,
     pa.field("title", pa.string()),
     pa.field("content_hash", pa.string()),
     pa.field("settings_fp", pa.string()),  # "<chunking+embedder>/<enricher>[+enrichment-pending]" it was processed with

@@ -60,11 +60,18 @@ class SourceMetadata(BaseModel):
 
 
 class SourceConfig(_Strict):
-    """A local folder of documents."""
+    """Where documents come from: a local folder, or an llms-full.txt bundle of many pages."""
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Stable id of the source; part of doc ids.")]
-    kind: Literal["folder"] = Field("folder", description="Source kind; only local folders for now.")
-    path: Path = Field(description="Folder to crawl; relative paths are taken from the config file's folder.")
+    kind: Literal["folder", "bundle"] = Field(
+        "folder", description="folder: files under path; bundle: an llms-full.txt file at path, each page a document.")
+    path: Path = Field(description="Folder (or bundle file) to read; relative paths are taken from the config file's "
+                       "folder.")
+    keep: tuple[str, ...] = Field((), description="Bundle pages to keep, by URL: substrings (/oss/python/) or globs "
+                                  "(*/tools/*); none: keep all.")
+    drop: tuple[str, ...] = Field((), description="Bundle pages to leave out, by URL; drop wins over keep.")
+    base_url: str | None = Field(None, description="For bundles naming pages by path: the site they come from, so "
+                                 "each page's URI is base_url/path.")
     include: tuple[str, ...] = Field(DEFAULT_INCLUDE, description="Glob patterns (relative to path) to take.")
     exclude: tuple[str, ...] = Field((), description="Glob patterns (relative to path) to leave out.")
     metadata: SourceMetadata = Field(default_factory=SourceMetadata, description="Metadata for every document.")

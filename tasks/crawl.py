@@ -15,7 +15,10 @@ from wcmatch import glob as wcglob
 
 from schemas.arrow import LISTING_SCHEMA
 from schemas.config import InletConfig, SourceConfig
+from schemas.errors import ExtractionError
 from tasks.artifacts import write_artifact
+from tasks.bundle import NotABundleError, keep_member, member_uri, parse_bundle
+from tasks.extract import decode_text
 from tasks.stage import stage
 
 
@@ -72,8 +75,32 @@ class Listed:
     notices: list[str] = field(default_factory=list)
 
 
+def list_bundle(src: SourceConfig) -> Listed:
+    """List an llms-full.txt bundle's pages, filtered by the source's keep/drop URL rules.
+
+    Each page is a document of its own (doc id and URI from its URL or path) whose content hash is
+    known here, so a bundle with one edited page re-processes that page only.
+    """
+    try:
+        stat = src.path.stat()
+        members = parse_bundle(decode_text(src.path.read_bytes()))
+    except OSError as exc:
+        return Listed(failure=f"bundle {src.path} could not be read ({exc.strerror or exc})")
+    except (NotABundleError, ExtractionError) as exc:
+        return Listed(failure=f"bundle {src.path}: {exc}")
+    meta = metadata_fields(src)
+    kept = [m for m in members if keep_member(m.key, src.keep, src.drop)]
+    rows = [{"doc_id": f"{src.name}:{m.key}", "source": src.name, "path": str(src.path),
+             "uri": member_uri(m.key, src.base_url, src.path), "size": len(m.text.encode("utf-8")),
+             "mtime_ns": stat.st_mtime_ns, "mime": "text/markdown", **meta, "member": m.key, "listed_hash": m.digest}
+            for m in kept]
+    return Listed(rows)
+
+
 def list_source(src: SourceConfig) -> Listed:
-    """List one source's files as listing rows; a folder that is missing or unreadable is a failed listing."""
+    """List one source's documents as listing rows; a source that cannot be listed is a failed listing."""
+    if src.kind == "bundle":
+        return list_bundle(src)
     if not src.path.is_dir():
         return Listed(failure=f"folder {src.path} does not exist or is not a folder")
     meta = metadata_fields(src)

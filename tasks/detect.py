@@ -58,7 +58,12 @@ def settings_fingerprint(cfg: InletConfig) -> str:
 
 
 def _digest(row: dict, hasher: Hasher, max_bytes: float) -> str | None:
-    """Hash the file, or, over the size limit, stand its size and mtime in for the hash without reading it."""
+    """Hash the file, or, over the size limit, stand its size and mtime in for the hash without reading it.
+
+    A hash the crawl already knows (a bundle's page) is taken as it is.
+    """
+    if row.get("listed_hash"):
+        return row["listed_hash"]
     if row["size"] > max_bytes:
         return f"unread:{row['size']}:{row['mtime_ns']}"
     return hasher(row["path"])
@@ -106,7 +111,7 @@ def classify_documents(
     listed = set(listing["doc_id"].to_pylist())
     for doc_id, old in by_id.items():
         if doc_id not in listed and old["source"] in sources:
-            rows.append({**{k: old[k] for k in LISTING_SCHEMA.names}, "content_hash": old["content_hash"],
+            rows.append({**{k: old.get(k) for k in LISTING_SCHEMA.names}, "content_hash": old["content_hash"],
                          "change": "deleted", "reason": None})
     return pa.Table.from_pylist(rows, schema=DOCUMENTS_SCHEMA)
 
@@ -141,14 +146,14 @@ def held_deletions(listing: pa.Table, known: pa.Table, failed: dict[str, str],
 
 
 def refuse_unindexed_failures(origin: str, cfg: InletConfig, failed: dict[str, str], known: pa.Table) -> None:
-    """Raise a ConfigError naming the file and key for a failed source the store holds nothing of.
+    """Raise a ConfigError naming the file and key for a missing source path the store holds nothing of.
 
     A source that was indexed before and now fails to list is held by the guard (an unmounted
     drive, say); one that never listed is most likely a mistake in the config.
     """
     indexed = set(known["source"].to_pylist())
     for i, src in enumerate(cfg.sources):
-        if src.name in failed and src.name not in indexed:
+        if src.name in failed and src.name not in indexed and not src.path.exists():
             msg = f"{origin}: sources.{i}.path: source '{src.name}' {failed[src.name]}"
             raise ConfigError(msg)
 

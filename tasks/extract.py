@@ -23,7 +23,7 @@ from tasks.progress import stage_progress
 from tasks.spacy_fallback import NOTICE, real_model_installed
 from tasks.stage import stage
 
-MARKDOWN = {".md", ".markdown"}
+MARKDOWN = {".md", ".markdown", ".mdx"}
 _OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # legacy Office / encrypted OOXML container
 _FRONT_MATTER = re.compile(r"\A(?:---|\+\+\+)[ \t]*\n(.*?)\n(?:---|\+\+\+)[ \t]*(?:\n|\Z)", re.S)
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faster on front matter
@@ -405,8 +405,17 @@ def extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig) ->
     return Extracted(rows, title, digest)
 
 
-def read_document(path: str, cfg: ExtractionConfig) -> bytes:
-    """Read a document's bytes, refusing files over the size limit unread."""
+def read_document(path: str, cfg: ExtractionConfig, member: str | None = None) -> bytes:
+    """Read a document's bytes (a bundle's page when member is given), refusing files over the size limit unread."""
+    if member is not None:
+        from tasks.bundle import member_bytes
+
+        try:
+            return member_bytes(path, member)
+        except KeyError:
+            raise ExtractionError("unreadable", f"the bundle no longer holds the page {member}") from None
+        except OSError as exc:
+            raise ExtractionError("unreadable", exc.strerror or str(exc)) from exc
     try:
         size = Path(path).stat().st_size
         if size > cfg.max_file_mb * 1024 * 1024:
@@ -416,9 +425,12 @@ def read_document(path: str, cfg: ExtractionConfig) -> bytes:
         raise ExtractionError("unreadable", exc.strerror or str(exc)) from exc
 
 
-def extract_document(doc_id: str, path: str, cfg: ExtractionConfig) -> Extracted:
-    """Read and extract one file; raise ExtractionError with a reason code on failure."""
-    return extract_bytes(doc_id, path, read_document(path, cfg), cfg)
+def extract_document(doc_id: str, path: str, cfg: ExtractionConfig, member: str | None = None) -> Extracted:
+    """Read and extract one file (or bundle page); raise ExtractionError with a reason code on failure."""
+    data = read_document(path, cfg, member)
+    if member is not None:  # bundle pages are Markdown whatever their URL ends with
+        return extract_bytes(doc_id, member if Path(member).suffix.lower() in MARKDOWN else f"{member}.md", data, cfg)
+    return extract_bytes(doc_id, path, data, cfg)
 
 
 # --- worker processes -------------------------------------------------------------------------------
@@ -479,11 +491,14 @@ class ExtractionPool:
         self._pool.join()
 
 
-def _in_process(path: str) -> bool:
+def _in_process(doc: dict) -> bool:
     """Markdown is read in the run's own process: no partitioner to hang, and no worker start-up to pay.
 
     A file named .md that is really a PDF or an Office file goes to a worker like any other.
     """
+    path = doc["path"]
+    if doc.get("member") is not None:
+        return True  # a bundle page
     if Path(path).suffix.lower() not in MARKDOWN:
         return False
     try:
@@ -506,15 +521,16 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig,
                       advance: Callable[[int], None] | None = None) -> tuple[pa.Table, pa.Table]:
     """Extract every new or changed document; failures become 'quarantined' rows, not exceptions."""
     todo = documents.filter(pa.compute.is_in(documents["change"], pa.array(["new", "changed"]))).to_pylist()
-    pool = ExtractionPool(cfg) if any(not _in_process(d["path"]) for d in todo) else None
+    pool = ExtractionPool(cfg) if any(not _in_process(d) for d in todo) else None
     try:
-        futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"]) for d in todo if not _in_process(d["path"])}
+        futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"]) for d in todo if not _in_process(d)}
         elements: list[dict] = []
         extracted: list[dict] = []
         for doc in todo:
             try:
                 future = futures.get(doc["doc_id"])
-                result = pool.result(future) if future else extract_document(doc["doc_id"], doc["path"], cfg)
+                result = (pool.result(future) if future
+                          else extract_document(doc["doc_id"], doc["path"], cfg, doc.get("member")))
             except ExtractionError as exc:
                 extracted.append(_quarantined(doc, exc))
             else:
@@ -534,9 +550,9 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig,
 def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str) -> tuple[str, str, list[str]]:
     """Extract new and changed documents; write elements and extracted artifacts."""
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
-    todo = [p for p, c in zip(documents["path"].to_pylist(), documents["change"].to_pylist()) if c in ("new", "changed")]
+    todo = [d for d in documents.select(["path", "member", "change"]).to_pylist() if d["change"] in ("new", "changed")]
     notice = None
-    if any(not _in_process(p) for p in todo) and not real_model_installed():
+    if any(not _in_process(d) for d in todo) and not real_model_installed():
         notice = NOTICE  # the workers install the stand-in pipeline (see _start_worker)
     with stage_progress("extract", len(todo)) as advance:
         elements, extracted = extract_documents(documents, cfg, advance)

@@ -16,7 +16,6 @@ from schemas.arrow import (
     DOCUMENTS_SCHEMA,
     ENRICHMENT_PENDING,
     EXTRACTED_SCHEMA,
-    LISTING_SCHEMA,
     QUARANTINE_SCHEMA,
     chunk_rows_schema,
     conform,
@@ -84,7 +83,7 @@ def document_rows(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, 
         ext = done.get(doc["doc_id"])
         if ext is None and not (doc["change"] == "unchanged" and doc["reason"] == "touched"):
             continue
-        row = {k: doc[k] for k in LISTING_SCHEMA.names}
+        row = {k: doc[k] for k in DOCUMENT_ROWS_SCHEMA.names if k in doc}
         row |= {"first_run_id": prev.get("first_run_id") or run_id, "last_run_id": run_id, "updated_at": now}
         if ext is None:  # bytes unchanged, mtime moved: remember the new mtime so we skip hashing next time
             row |= {k: prev[k] for k in ("title", "content_hash", "settings_fp", "status", "error", "total_chunks")}
