@@ -19,7 +19,7 @@ from tasks.artifacts import read_artifact, write_artifact
 from tasks.stage import stage
 
 # Bump when extraction or chunking code changes what it produces: every document is reprocessed.
-PIPELINE_VERSION = "1"
+PIPELINE_VERSION = "2"  # 2: Markdown cleaning, PDF running headers, HTML boilerplate, character-safe windows
 
 Hasher = Callable[[str], str | None]
 

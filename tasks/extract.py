@@ -19,6 +19,7 @@ from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.clean import clean_markdown, drop_repeated_page_lines
 from tasks.progress import stage_progress
 from tasks.spacy_fallback import NOTICE, real_model_installed
 from tasks.stage import stage
@@ -163,6 +164,7 @@ def _first_heading(text: str) -> str | None:
 def markdown_elements(doc_id: str, text: str, name: str) -> tuple[list[dict], str | None]:
     """Keep Markdown as written (headings, fences) so the chunker sees its structure."""
     meta, body = split_front_matter(text)
+    body = clean_markdown(body)
     if not body.strip():
         raise ExtractionError("empty", "the document has no text")
     title = meta.get("title") if isinstance(meta.get("title"), str) else None
@@ -359,6 +361,7 @@ def _pdf_rows(doc_id: str, data: bytes, cfg: ExtractionConfig) -> list[dict]:
     if not rows and reader is not None:
         # pdfminer reads nothing from some files pypdf reads (owner-password files, odd fonts, damage).
         rows = pypdf_elements(doc_id, reader)
+    rows = drop_repeated_page_lines(rows)
     if not rows and damage:
         raise ExtractionError("corrupt", f"the PDF is damaged and yielded no text ({damage})")
     if not rows:

@@ -1,0 +1,171 @@
+"""Cleaning extracted text: site-generator markup out, content in, code blocks untouched.
+
+- Hugo shortcodes: comments go with their content; tabs and alerts leave their label as a bold
+  line; other shortcodes (params, includes, embeds) are dropped, paired ones keeping their inner text.
+- MkDocs admonitions (`!!! note "Title"`, `??? tip`) and content tabs (`=== "Python"`): the marker
+  becomes a bold line, the indented body is dedented into ordinary Markdown.
+- Whitespace: trailing spaces and runs of blank lines.
+- PDFs: lines that repeat at the top or bottom of most pages (running headers, footers, page
+  numbers) are dropped.
+
+Fenced code blocks are never changed: a shortcode or `!!!` inside one is part of the example.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
+_COMMENT = re.compile(r"\{\{[<%]\s*comment\s*[>%]\}\}.*?\{\{[<%]\s*/comment\s*[>%]\}\}", re.DOTALL)
+_SHORTCODE = re.compile(r"\{\{([<%])(?!/\*)\s*(/?)\s*([\w.-]+)((?:[^}]|\}(?!\}))*?)\s*[>%]\}\}")
+_LABEL = re.compile(r"""^\s*(?:(?:title|header|name)\s*=\s*)?["']([^"']+)["']""")
+_LABELLED = {"tab", "alert", "details", "card", "callout", "note", "warning", "tip", "info", "caution"}
+_ADMONITION = re.compile(r"""^(\s*)(?:!!!|\?\?\?\+?)\s+([\w-]+)(?:\s+(?:"([^"]*)"|([^"\s].*?)))?\s*$""")
+_CONTENT_TAB = re.compile(r"""^(\s*)===\+?\s+"([^"]*)"\s*$""")
+
+
+def _shortcode(match: re.Match) -> str:
+    closing, name, args = match.group(2), match.group(3).lower(), match.group(4)
+    if closing:
+        return ""
+    label = _LABEL.match(args)
+    if name in _LABELLED:
+        text = label.group(1) if label else name.capitalize()
+        return f"\n**{text}**\n"
+    return ""
+
+
+def _outside_fences(text: str, fn) -> str:  # noqa: ANN001 - a str -> str function
+    """Apply fn to the stretches of text outside fenced code blocks."""
+    out: list[str] = []
+    prose: list[str] = []
+    fence: str | None = None
+    for line in text.split("\n"):
+        match = _FENCE.match(line)
+        if fence is None and match:
+            if prose:
+                out.append(fn("\n".join(prose)))
+            prose, fence = [], match.group(1)[0] * 3
+            out.append(line)
+        elif fence is not None:
+            out[-1] += "\n" + line
+            if line.strip().startswith(fence) and not line.strip().strip(fence[0]):
+                fence = None
+        else:
+            prose.append(line)
+    if prose:
+        out.append(fn("\n".join(prose)))
+    return "\n".join(out)
+
+
+def strip_hugo_shortcodes(text: str) -> str:
+    """Remove Hugo shortcodes outside code blocks; comment blocks go with their content."""
+    if "{{" not in text:
+        return text
+
+    def clean(prose: str) -> str:
+        return _SHORTCODE.sub(_shortcode, _COMMENT.sub("", prose))
+
+    return _outside_fences(text, clean)
+
+
+def _dedent_block(lines: list[str], start: int, indent: int) -> tuple[list[str], int]:
+    """Collect the lines after start indented past indent (blank lines included); return them dedented and the end."""
+    body: list[str] = []
+    i = start
+    while i < len(lines):
+        line = lines[i]
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        body.append(line[indent + 4 :] if line.strip() else "")
+        i += 1
+    while body and not body[-1].strip():
+        body.pop()
+        i -= 1
+    return body, i
+
+
+def unwrap_admonitions(text: str) -> str:
+    """Turn MkDocs admonitions and content tabs into a bold label line and their dedented body."""
+    if "!!!" not in text and "???" not in text and "===" not in text:
+        return text
+    lines = text.split("\n")
+    out: list[str] = []
+    i = 0
+    fence: str | None = None
+    while i < len(lines):
+        line = lines[i]
+        fence_match = _FENCE.match(line)
+        if fence is not None:
+            out.append(line)
+            if fence_match and fence_match.group(1)[0] == fence:
+                fence = None
+            i += 1
+            continue
+        if fence_match:
+            fence = fence_match.group(1)[0]
+            out.append(line)
+            i += 1
+            continue
+        admonition, tab = _ADMONITION.match(line), _CONTENT_TAB.match(line)
+        if not admonition and not tab:
+            out.append(line)
+            i += 1
+            continue
+        indent = len((admonition or tab).group(1))
+        if admonition:
+            kind, title = admonition.group(2), admonition.group(3) if admonition.group(3) is not None else admonition.group(4)
+            label = title if title is not None else kind.capitalize()  # "" (an explicit empty title): no label
+        else:
+            label = tab.group(2)
+        body, i = _dedent_block(lines, i + 1, indent)
+        pad = " " * indent
+        if label:
+            out.append(f"{pad}**{label}**")
+            out.append("")
+        # Nested admonitions and tabs unwrap too.
+        out.extend(pad + b if b else "" for b in unwrap_admonitions("\n".join(body)).split("\n"))
+    return "\n".join(out)
+
+
+def tidy_whitespace(text: str) -> str:
+    """Drop trailing spaces and collapse runs of blank lines, outside code blocks."""
+
+    def clean(prose: str) -> str:
+        prose = re.sub(r"[ \t]+$", "", prose, flags=re.MULTILINE)
+        prose = re.sub(r"\n{3,}", "\n\n", prose)
+        # Segments are joined by a newline: at most one blank line at either end of a segment.
+        return re.sub(r"\n+\Z", "\n", re.sub(r"\A\n+", "\n", prose))
+
+    return _outside_fences(text, clean)
+
+
+def clean_markdown(text: str) -> str:
+    """Markdown as a reader sees it: shortcodes and admonition markers out, text and code in."""
+    return tidy_whitespace(unwrap_admonitions(strip_hugo_shortcodes(text))).strip("\n") + "\n"
+
+
+def _furniture_key(text: str) -> str:
+    """Compare header lines with their page numbers and dates blanked out."""
+    return re.sub(r"\d+", "#", " ".join(text.split()).lower())
+
+
+def drop_repeated_page_lines(rows: list[dict], edge: int = 2, share: float = 0.5) -> list[dict]:
+    """Drop elements that open or close most pages with the same text (running headers, footers, page numbers)."""
+    pages: dict[int, list[dict]] = {}
+    for row in rows:
+        if row["page"] is not None:
+            pages.setdefault(row["page"], []).append(row)
+    if len(pages) < 3:
+        return rows
+    seen: Counter[str] = Counter()
+    for page_rows in pages.values():
+        keys = {_furniture_key(r["text"]) for r in page_rows[:edge] + page_rows[-edge:] if len(r["text"]) <= 120}
+        seen.update(keys)
+    repeated = {k for k, n in seen.items() if n >= max(3, share * len(pages))}
+    if not repeated:
+        return rows
+    drop = {id(r) for page_rows in pages.values() for r in page_rows[:edge] + page_rows[-edge:]
+            if _furniture_key(r["text"]) in repeated}
+    return [r for r in rows if id(r) not in drop]
