@@ -36,7 +36,7 @@ def _shortcode(match: re.Match) -> str:
     return ""
 
 
-def _outside_fences(text: str, fn) -> str:  # noqa: ANN001 - a str -> str function
+def _outside_fences(text: str, fn) -> str:
     """Apply fn to the stretches of text outside fenced code blocks."""
     out: list[str] = []
     prose: list[str] = []
