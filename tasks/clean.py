@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
 _COMMENT = re.compile(r"\{\{[<%]\s*comment\s*[>%]\}\}.*?\{\{[<%]\s*/comment\s*[>%]\}\}", re.DOTALL)
@@ -36,7 +37,7 @@ def _shortcode(match: re.Match) -> str:
     return ""
 
 
-def _outside_fences(text: str, fn) -> str:
+def _outside_fences(text: str, fn: Callable[[str], str]) -> str:
     """Apply fn to the stretches of text outside fenced code blocks."""
     out: list[str] = []
     prose: list[str] = []
