@@ -59,6 +59,11 @@ EXTRACTED_SCHEMA = pa.schema([
     pa.field("reason", pa.string()),
     pa.field("message", pa.string()),
     pa.field("content_hash", pa.string()),  # of the bytes actually extracted
+    # The document's own metadata merged over its source's (front matter, <html lang>, detected
+    # language); None: the listing's stands.
+    pa.field("language", pa.string()),
+    pa.field("tags", _TAGS),
+    pa.field("extra", pa.string()),
 ])
 
 CHUNKS_SCHEMA = pa.schema([

@@ -59,6 +59,34 @@ class SourceMetadata(BaseModel):
         return extra
 
 
+class MetadataRule(_Strict):
+    """Metadata for the documents whose path (relative to the source) matches a regular expression.
+
+    Named groups become fields (subject and grade from folder names); `set` adds fixed ones.
+    """
+
+    path: str = Field(description="Regular expression searched in the relative path, e.g. "
+                      "'^(?P<subject>[^/]+)/grade-(?P<grade>\\d+)/'.")
+    set: dict[str, Scalar | list[str]] = Field(default_factory=dict, description="Fields to set when it matches.")
+
+    @field_validator("path")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            msg = f"not a valid regular expression: {exc}"
+            raise ValueError(msg) from None
+        return value
+
+    def fields_for(self, rel: str) -> dict[str, object] | None:
+        """Return the fields this rule gives a relative path, or None when it does not match."""
+        match = re.search(self.path, rel)
+        if match is None:
+            return None
+        return {**self.set, **{k: v for k, v in match.groupdict().items() if v is not None}}
+
+
 class SourceConfig(_Strict):
     """Where documents come from: a local folder, or an llms-full.txt bundle of many pages."""
 
@@ -75,6 +103,8 @@ class SourceConfig(_Strict):
     include: tuple[str, ...] = Field(DEFAULT_INCLUDE, description="Glob patterns (relative to path) to take.")
     exclude: tuple[str, ...] = Field((), description="Glob patterns (relative to path) to leave out.")
     metadata: SourceMetadata = Field(default_factory=SourceMetadata, description="Metadata for every document.")
+    metadata_rules: tuple[MetadataRule, ...] = Field(
+        (), description="Per-path metadata, applied in order over `metadata` (later rules win).")
     max_delete_share: float = Field(
         0.5, ge=0, le=1, description="Mass-deletion guard: a run that would delete more than this share of the "
         "source's documents (or whose listing fails or comes back empty) deletes none; --allow-deletions overrides.")

@@ -11,20 +11,37 @@ from pathlib import Path
 
 import pyarrow as pa
 from prefect import get_run_logger
+from pydantic import ValidationError
 from wcmatch import glob as wcglob
 
 from schemas.arrow import LISTING_SCHEMA
-from schemas.config import InletConfig, SourceConfig
-from schemas.errors import ExtractionError
+from schemas.config import InletConfig, SourceConfig, SourceMetadata
+from schemas.errors import ConfigError, ExtractionError
 from tasks.artifacts import write_artifact
 from tasks.bundle import NotABundleError, keep_member, member_uri, parse_bundle
 from tasks.extract import decode_text
 from tasks.stage import stage
 
 
-def metadata_fields(src: SourceConfig) -> dict:
-    """Return the metadata columns a source stamps on its documents, with their hash."""
-    meta = src.metadata
+def metadata_for(src: SourceConfig, rel: str) -> SourceMetadata:
+    """Return a document's source metadata: the source's, with its matching path rules applied in order."""
+    update: dict[str, object] = {}
+    for rule in src.metadata_rules:
+        update |= rule.fields_for(rel) or {}
+    if not update:
+        return src.metadata
+    if isinstance(update.get("tags"), str):
+        update["tags"] = [update["tags"]]
+    try:
+        return SourceMetadata.model_validate({**src.metadata.model_dump(), **update})
+    except ValidationError as exc:
+        msg = f"source '{src.name}': metadata_rules give {rel} invalid metadata: {exc.errors()[0]['msg']}"
+        raise ConfigError(msg) from None
+
+
+def metadata_fields(src: SourceConfig, rel: str = "") -> dict:
+    """Return the metadata columns a source stamps on a document (rules by path applied), with their hash."""
+    meta = metadata_for(src, rel)
     fields = {"doc_type": meta.doc_type, "tags": list(meta.tags), "access_level": meta.access_level,
               "language": meta.language, "extra": json.dumps(meta.extra_fields(), sort_keys=True)}
     if meta.expires_at is not None:  # only when set, so that stores from before the field keep their hashes
@@ -88,11 +105,11 @@ def list_bundle(src: SourceConfig) -> Listed:
         return Listed(failure=f"bundle {src.path} could not be read ({exc.strerror or exc})")
     except (NotABundleError, ExtractionError) as exc:
         return Listed(failure=f"bundle {src.path}: {exc}")
-    meta = metadata_fields(src)
     kept = [m for m in members if keep_member(m.key, src.keep, src.drop)]
     rows = [{"doc_id": f"{src.name}:{m.key}", "source": src.name, "path": str(src.path),
              "uri": member_uri(m.key, src.base_url, src.path), "size": len(m.text.encode("utf-8")),
-             "mtime_ns": stat.st_mtime_ns, "mime": "text/markdown", **meta, "member": m.key, "listed_hash": m.digest}
+             "mtime_ns": stat.st_mtime_ns, "mime": "text/markdown", **metadata_fields(src, m.key), "member": m.key,
+             "listed_hash": m.digest}
             for m in kept]
     return Listed(rows)
 
@@ -103,7 +120,6 @@ def list_source(src: SourceConfig) -> Listed:
         return list_bundle(src)
     if not src.path.is_dir():
         return Listed(failure=f"folder {src.path} does not exist or is not a folder")
-    meta = metadata_fields(src)
     outside: list[str] = []
     try:
         files = matching_files(src.path, src.include, src.exclude, outside)
@@ -117,7 +133,7 @@ def list_source(src: SourceConfig) -> Listed:
             continue
         rows.append({"doc_id": f"{src.name}:{rel}", "source": src.name, "path": str(path),
                      "uri": path.as_uri(), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                     "mime": mimetypes.guess_type(path.name)[0], **meta})
+                     "mime": mimetypes.guess_type(path.name)[0], **metadata_fields(src, rel)})
     shown = ", ".join(outside[:5]) + (" ..." if len(outside) > 5 else "")
     notice = f"source '{src.name}': {len(outside)} symlinked file(s) lead outside {src.path}, not crawled: {shown}"
     notices = [notice] if outside else []

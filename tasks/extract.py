@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import multiprocessing
 import multiprocessing.context
 import re
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,18 +28,98 @@ from tasks.stage import stage
 
 MARKDOWN = {".md", ".markdown", ".mdx"}
 _OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # legacy Office / encrypted OOXML container
-_FRONT_MATTER = re.compile(r"\A(?:---|\+\+\+)[ \t]*\n(.*?)\n(?:---|\+\+\+)[ \t]*(?:\n|\Z)", re.S)
+_FRONT_MATTER = re.compile(r"\A(?:---|\+\+\+)[ \t]*\n(.*?)\n(?:---|\+\+\+)[ \t]*(?:\n|\Z)", re.DOTALL)
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faster on front matter
 _SKIPPED_CATEGORIES = {"PageBreak", "Header", "Footer", "PageNumber", "Image", "FigureCaption"}
 
 
 @dataclass(frozen=True)
 class Extracted:
-    """One document's elements and title."""
+    """One document's elements, title and own metadata (front matter, <html lang>, detected language)."""
 
     elements: list[dict]
     title: str | None
     content_hash: str
+    metadata: dict = field(default_factory=dict)
+
+
+# --- document metadata -----------------------------------------------------------------------
+
+_FREE_FIELDS = ("description", "author", "date")  # front matter scalars kept as free (filterable) fields
+
+
+def _iso_language(value: object) -> str | None:
+    """'en-US', 'EN', 'en_GB' -> 'en'; anything else -> None."""
+    if not isinstance(value, str):
+        return None
+    code = re.split(r"[-_]", value.strip())[0].lower()
+    return code if re.fullmatch(r"[a-z]{2,3}", code) else None
+
+
+def front_matter_metadata(front: dict) -> dict:
+    """Pick what Inlet keeps from front matter: tags (tags/keywords), language, and a few free fields."""
+    meta: dict[str, object] = {}
+    tags = front.get("tags", front.get("keywords"))
+    if isinstance(tags, str):
+        tags = [t.strip() for t in tags.split(",")]
+    if isinstance(tags, list):
+        meta["tags"] = [str(t) for t in tags if isinstance(t, (str, int, float)) and str(t).strip()]
+    language = _iso_language(front.get("language", front.get("lang")))
+    if language:
+        meta["language"] = language
+    for key in _FREE_FIELDS:
+        value = front.get(key)
+        if isinstance(value, (str, int, float, bool)) or hasattr(value, "isoformat"):
+            meta[key] = value.isoformat() if hasattr(value, "isoformat") else value
+    return meta
+
+
+def html_metadata(text: str) -> dict:
+    """Read <html lang>, <meta name=description|author|keywords> from a page's head."""
+    head = text[:65536]
+    meta: dict[str, object] = {}
+    lang = re.search(r"<html\b[^>]*?\blang\s*=\s*[\"']?([\w-]+)", head, re.IGNORECASE)
+    if lang and _iso_language(lang.group(1)):
+        meta["language"] = _iso_language(lang.group(1))
+    import html as html_lib
+
+    for name in ("description", "author", "keywords"):
+        found = re.search(rf"<meta\b[^>]*?\bname\s*=\s*[\"']{name}[\"'][^>]*?\bcontent\s*=\s*\"([^\"]*)\"", head,
+                          re.IGNORECASE)
+        if found and found.group(1).strip():
+            value = " ".join(html_lib.unescape(found.group(1)).split())
+            if name == "keywords":
+                meta["tags"] = [t.strip() for t in value.split(",") if t.strip()]
+            else:
+                meta[name] = value
+    return meta
+
+
+@functools.cache
+def _language_identifier() -> object:
+    """py3langid's model, loaded once per process (~0.6 s): 97 languages, ~0.5 ms per document."""
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+
+
+def detect_language(rows: list[dict], sample_chars: int = 2000) -> str | None:
+    """Guess a document's language from its prose (code left out); None when unsure (below 0.9)."""
+    sample: list[str] = []
+    size = 0
+    for row in rows:
+        if row["kind"] in {"code", "table"}:
+            continue
+        text = re.sub(r"```.*?```", " ", row["text"], flags=re.DOTALL) if row["kind"] == "markdown" else row["text"]
+        sample.append(text)
+        size += len(text)
+        if size >= sample_chars:
+            break
+    text = " ".join(sample)[:sample_chars]
+    if len(text.strip()) < 40:
+        return None
+    language, confidence = _language_identifier().classify(text)
+    return language if confidence >= 0.9 else None
 
 
 # --- decoding and sniffing ------------------------------------------------------------------
@@ -144,7 +226,7 @@ def split_front_matter(text: str) -> tuple[dict, str]:
     if not match:
         return {}, text
     try:
-        meta = yaml.load(match.group(1), Loader=_YAML_LOADER)  # noqa: S506 - a safe loader, C or Python
+        meta = yaml.load(match.group(1), Loader=_YAML_LOADER)
     except yaml.YAMLError:
         return {}, text
     return (meta if isinstance(meta, dict) else {}), text[match.end() :]
@@ -161,8 +243,8 @@ def _first_heading(text: str) -> str | None:
 # --- per format -------------------------------------------------------------------------------
 
 
-def markdown_elements(doc_id: str, text: str, name: str) -> tuple[list[dict], str | None]:
-    """Keep Markdown as written (headings, fences) so the chunker sees its structure."""
+def markdown_elements(doc_id: str, text: str, name: str) -> tuple[list[dict], str | None, dict]:
+    """Keep Markdown as written (headings, fences) so the chunker sees its structure; return its front matter too."""
     meta, body = split_front_matter(text)
     body = clean_markdown(body)
     if not body.strip():
@@ -171,7 +253,7 @@ def markdown_elements(doc_id: str, text: str, name: str) -> tuple[list[dict], st
     title = title or _first_heading(body) or _stem(name)
     row = {"doc_id": doc_id, "element_index": 0, "kind": "markdown", "text": body,
            "heading_level": None, "page": None}
-    return [row], title
+    return [row], title, front_matter_metadata(meta)
 
 
 def _stem(name: str) -> str:
@@ -213,7 +295,7 @@ def element_row(doc_id: str, index: int, element: object) -> dict | None:
 
 
 def _html_title(text: str) -> str | None:
-    match = re.search(r"<title[^>]*>(.*?)</title\s*>", text[:65536], re.I | re.S)
+    match = re.search(r"<title[^>]*>(.*?)</title\s*>", text[:65536], re.IGNORECASE | re.DOTALL)
     if not match:
         return None
     import html
@@ -234,7 +316,7 @@ _BOILERPLATE = (
 # ids and class names that mark navigation and page furniture (whole words, or joined by - or _).
 _FURNITURE_NAME = re.compile(
     r"(?:^|[\s_-])(?:nav|navbar|navigation|menu|sidebar|breadcrumbs?|footer|cookies?|cookie-banner|toc|"
-    r"table-of-contents|skip-link|site-header|pagination)(?:$|[\s_-])", re.I)
+    r"table-of-contents|skip-link|site-header|pagination)(?:$|[\s_-])", re.IGNORECASE)
 
 
 def clean_html(text: str) -> str:
@@ -252,7 +334,7 @@ def clean_html(text: str) -> str:
         return text
     # A "skip to content" link names the content's id: the most reliable landmark on pages without <main>.
     skip_targets = [a.get("href")[1:] for a in root.xpath("//a[starts-with(@href, '#')]")
-                    if re.match(r"\s*skip\b", a.text_content(), re.I) and len(a.get("href")) > 1]
+                    if re.match(r"\s*skip\b", a.text_content(), re.IGNORECASE) and len(a.get("href")) > 1]
     for element in root.xpath(_BOILERPLATE):
         if element.getparent() is not None:
             element.drop_tree()
@@ -277,6 +359,10 @@ _XML_DECLARATION = re.compile(r"\A\s*<\?xml[^>]*\?>")
 def _partition(kind: str, data: bytes, text: str | None, cfg: ExtractionConfig) -> list:
     """Run unstructured's partitioner for kind over the bytes (PDF, DOCX) or the decoded text."""
     import io
+
+    from tasks.spacy_fallback import install_fallback_if_needed
+
+    install_fallback_if_needed()  # offline: unstructured would try to download its spaCy model
 
     if kind == ".pdf":
         from unstructured.partition.pdf import partition_pdf
@@ -369,11 +455,21 @@ def _pdf_rows(doc_id: str, data: bytes, cfg: ExtractionConfig) -> list[dict]:
     return rows
 
 
-def extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig) -> Extracted:
+def extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig, detect: bool = False) -> Extracted:
     """Extract one document's bytes; name (a path or URL) gives the extension when the content does not.
 
-    Raise ExtractionError with a reason from EXTRACTION_REASONS when the document cannot be indexed.
+    With detect, a document that does not state its language gets a detected one. Raise
+    ExtractionError with a reason from EXTRACTION_REASONS when the document cannot be indexed.
     """
+    result = _extract_bytes(doc_id, name, data, cfg)
+    if detect and "language" not in result.metadata:
+        language = detect_language(result.elements)
+        if language:
+            result.metadata["detected_language"] = language
+    return result
+
+
+def _extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig) -> Extracted:
     digest = hashlib.sha256(data).hexdigest()
     if not data.strip():
         raise ExtractionError("empty", "the file is empty")
@@ -390,8 +486,8 @@ def extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig) ->
         if not text.strip():
             raise ExtractionError("empty", "the document has no text")
     if kind == ".md":
-        rows, title = markdown_elements(doc_id, text, name)
-        return Extracted(rows, title, digest)
+        rows, title, meta = markdown_elements(doc_id, text, name)
+        return Extracted(rows, title, digest, meta)
     if kind == ".pdf":
         rows = _pdf_rows(doc_id, data, cfg)
     else:
@@ -405,7 +501,7 @@ def extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig) ->
             raise ExtractionError("empty", "no text could be extracted (only markup or whitespace)")
     heading = next((r["text"] for r in rows if r["kind"] == "heading"), None)
     title = heading or (_html_title(text) if kind == ".html" else None) or _stem(name)
-    return Extracted(rows, title, digest)
+    return Extracted(rows, title, digest, html_metadata(text) if kind == ".html" else {})
 
 
 def read_document(path: str, cfg: ExtractionConfig, member: str | None = None) -> bytes:
@@ -428,12 +524,14 @@ def read_document(path: str, cfg: ExtractionConfig, member: str | None = None) -
         raise ExtractionError("unreadable", exc.strerror or str(exc)) from exc
 
 
-def extract_document(doc_id: str, path: str, cfg: ExtractionConfig, member: str | None = None) -> Extracted:
+def extract_document(doc_id: str, path: str, cfg: ExtractionConfig, member: str | None = None,
+                     detect: bool = False) -> Extracted:
     """Read and extract one file (or bundle page); raise ExtractionError with a reason code on failure."""
     data = read_document(path, cfg, member)
     if member is not None:  # bundle pages are Markdown whatever their URL ends with
-        return extract_bytes(doc_id, member if Path(member).suffix.lower() in MARKDOWN else f"{member}.md", data, cfg)
-    return extract_bytes(doc_id, path, data, cfg)
+        name = member if Path(member).suffix.lower() in MARKDOWN else f"{member}.md"
+        return extract_bytes(doc_id, name, data, cfg, detect)
+    return extract_bytes(doc_id, path, data, cfg, detect)
 
 
 # --- worker processes -------------------------------------------------------------------------------
@@ -473,9 +571,10 @@ class ExtractionPool:
         self._cfg = cfg
         self._pool = pebble.ProcessPool(max_workers=cfg.workers, initializer=_start_worker, context=_worker_context())
 
-    def submit(self, doc_id: str, path: str) -> object:
+    def submit(self, doc_id: str, path: str, detect: bool = False) -> object:
         """Schedule one document; its time limit starts when a worker picks it up."""
-        return self._pool.schedule(extract_document, args=(doc_id, path, self._cfg), timeout=self._cfg.timeout_s)
+        return self._pool.schedule(extract_document, args=(doc_id, path, self._cfg, None, detect),
+                                   timeout=self._cfg.timeout_s)
 
     def result(self, future: object) -> Extracted:
         """Wait for one document; raise ExtractionError for a time-out or a dead worker."""
@@ -515,6 +614,18 @@ def _in_process(doc: dict) -> bool:
 # --- stage ----------------------------------------------------------------------------------------
 
 
+def merged_metadata(doc: dict, own: dict) -> dict:
+    """A document's language, tags and free fields: its own (front matter, page, detection) merged with its source's.
+
+    The source's language wins over a detected one but not over one the document states; tags are
+    the union; the source's free fields win over the document's.
+    """
+    language = own.get("language") or doc.get("language") or own.get("detected_language")
+    tags = list(dict.fromkeys([*(doc.get("tags") or []), *own.get("tags", [])]))
+    extra = {**{k: own[k] for k in _FREE_FIELDS if k in own}, **json.loads(doc.get("extra") or "{}")}
+    return {"language": language, "tags": tags, "extra": json.dumps(extra, sort_keys=True)}
+
+
 def _quarantined(doc: dict, exc: ExtractionError) -> dict:
     return {"doc_id": doc["doc_id"], "title": None, "status": "quarantined", "reason": exc.reason,
             "message": exc.message, "content_hash": doc["content_hash"]}
@@ -526,20 +637,24 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig,
     todo = documents.filter(pa.compute.is_in(documents["change"], pa.array(["new", "changed"]))).to_pylist()
     pool = ExtractionPool(cfg) if any(not _in_process(d) for d in todo) else None
     try:
-        futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"]) for d in todo if not _in_process(d)}
+        # Detection only where neither the source nor (later) the document says which language it is in.
+        futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"], d["language"] is None)
+                   for d in todo if not _in_process(d)}
         elements: list[dict] = []
         extracted: list[dict] = []
         for doc in todo:
             try:
                 future = futures.get(doc["doc_id"])
                 result = (pool.result(future) if future
-                          else extract_document(doc["doc_id"], doc["path"], cfg, doc.get("member")))
+                          else extract_document(doc["doc_id"], doc["path"], cfg, doc.get("member"),
+                                                doc["language"] is None))
             except ExtractionError as exc:
                 extracted.append(_quarantined(doc, exc))
             else:
                 elements.extend(result.elements)
                 extracted.append({"doc_id": doc["doc_id"], "title": result.title, "status": "ok",
-                                  "reason": None, "message": None, "content_hash": result.content_hash})
+                                  "reason": None, "message": None, "content_hash": result.content_hash,
+                                  **merged_metadata(doc, result.metadata)})
             if advance is not None:
                 advance(1)
     finally:

@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
 import lancedb
-from lancedb.index import FTS, Bitmap, BTree, HnswSq
 import pyarrow as pa
 import pyarrow.compute as pc
+from lancedb.index import FTS, Bitmap, BTree, HnswSq
 from prefect import get_run_logger
 
 from schemas.arrow import (
@@ -55,6 +55,23 @@ class LoadResult:
 # --- pure: build the rows to commit ----------------------------------------------------------
 
 
+_OWN_METADATA = ("language", "tags", "extra")
+
+
+def with_own_metadata(documents: pa.Table, extracted: pa.Table) -> pa.Table:
+    """Put each extracted document's own metadata (front matter, detected language) over its listing's."""
+    own = {r["doc_id"]: r for r in extracted.select(["doc_id", *_OWN_METADATA]).to_pylist()}
+    if not any(r[k] is not None for r in own.values() for k in _OWN_METADATA):
+        return documents
+    doc_ids = documents["doc_id"].to_pylist()
+    for name in _OWN_METADATA:
+        old = documents[name].to_pylist()
+        new = [own[d][name] if d in own and own[d][name] is not None else o for d, o in zip(doc_ids, old)]
+        documents = documents.set_column(documents.schema.get_field_index(name), name,
+                                         pa.array(new, documents.schema.field(name).type))
+    return documents
+
+
 def chunk_rows(embedded: pa.Table, documents: pa.Table, extracted: pa.Table, run_id: str, dim: int) -> pa.Table:
     """Join each embedded chunk with its document's filter fields and the run id."""
     position = {d: i for i, d in enumerate(documents["doc_id"].to_pylist())}
@@ -86,7 +103,8 @@ def document_rows(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, 
         row = {k: doc[k] for k in DOCUMENT_ROWS_SCHEMA.names if k in doc}
         row |= {"first_run_id": prev.get("first_run_id") or run_id, "last_run_id": run_id, "updated_at": now}
         if ext is None:  # bytes unchanged, mtime moved: remember the new mtime so we skip hashing next time
-            row |= {k: prev[k] for k in ("title", "content_hash", "settings_fp", "status", "error", "total_chunks")}
+            row |= {k: prev[k] for k in ("title", "content_hash", "settings_fp", "status", "error", "total_chunks",
+                                         *_OWN_METADATA)}
         elif ext["status"] == "ok":
             fp = settings_fp + (ENRICHMENT_PENDING if doc["doc_id"] in pending else "")
             row |= {"title": ext["title"], "content_hash": ext["content_hash"], "settings_fp": fp,
@@ -230,6 +248,7 @@ def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extra
          fulltext_index: bool = True, ann_min_rows: int = 100_000, documents_table: str = DOCUMENTS) -> LoadResult:
     """Commit one run: chunks, then documents, then the quarantine list; tag the chunks version."""
     known = known_documents(db, documents_table)
+    documents = with_own_metadata(documents, extracted)
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
     deleted = _ids(documents, pc.equal(documents["change"], "deleted"))
     rows = chunk_rows(embedded, documents, extracted, run_id, dim)

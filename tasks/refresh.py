@@ -16,7 +16,8 @@ from tasks.artifacts import read_artifact, write_artifact
 from tasks.stage import stage
 from tasks.store import connect, open_table, select_where_in
 
-_STORED = pa.schema([*CHUNKS_SCHEMA, pa.field("title", pa.string())])
+_STORED = pa.schema([*CHUNKS_SCHEMA, pa.field("title", pa.string()), pa.field("language", pa.string()),
+                     pa.field("tags", pa.list_(pa.string())), pa.field("extra", pa.string())])
 
 
 def refresh_ids(documents: pa.Table) -> list[str]:
@@ -29,12 +30,14 @@ def stored_work(stored: pa.Table, documents: pa.Table) -> tuple[pa.Table, pa.Tab
     """Turn stored chunk rows into (chunks, extracted) rows, as if the documents had been chunked in this run."""
     stored = stored.sort_by([("doc_id", "ascending"), ("chunk_index", "ascending")])
     hashes = dict(zip(documents["doc_id"].to_pylist(), documents["content_hash"].to_pylist()))
-    titles: dict[str, str | None] = {}
-    for doc_id, title in zip(stored["doc_id"].to_pylist(), stored["title"].to_pylist()):
-        titles.setdefault(doc_id, title)
+    first: dict[str, dict] = {}
+    for row in stored.select(["doc_id", "title", "language", "tags", "extra"]).to_pylist():
+        first.setdefault(row["doc_id"], row)
+    # The stored chunks carry the document's merged metadata (front matter, detected language): keep it.
     extracted = pa.Table.from_pylist(
-        [{"doc_id": d, "title": titles.get(d), "status": "ok", "reason": None, "message": None,
-          "content_hash": hashes[d]} for d in refresh_ids(documents)], schema=EXTRACTED_SCHEMA)
+        [{"doc_id": d, "title": first.get(d, {}).get("title"), "status": "ok", "reason": None, "message": None,
+          "content_hash": hashes[d], **{k: first.get(d, {}).get(k) for k in ("language", "tags", "extra")}}
+         for d in refresh_ids(documents)], schema=EXTRACTED_SCHEMA)
     return stored.select(CHUNKS_SCHEMA.names).cast(CHUNKS_SCHEMA), extracted
 
 
