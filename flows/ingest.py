@@ -90,7 +90,9 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
 
     # One writer at a time: a second run against this store is refused (or waits) before it reads anything.
     with writer_lock(cfg.store.uri, run_id, cfg.store.lock_wait_s):
-        listing, failed_sources, crawl_notices = clock.run("crawl", crawl_stage, cfg, run_dir)
+        # The main index's documents give web pages their validators (ETag) for conditional requests.
+        known_main = known_documents(connect(store), cfg.store.documents_table)
+        listing, failed_sources, crawl_notices = clock.run("crawl", crawl_stage, cfg, run_dir, known_main)
         detected = []
         for name, vcfg, vdir, notices in variants:
             suffix = "" if name is None else f" {name}"

@@ -29,6 +29,7 @@ _LISTED = pa.schema([
     pa.field("mime", pa.string()),
     *_METADATA_FIELDS,
     pa.field("meta_hash", pa.string(), nullable=False),  # hash of the metadata above: a change re-stamps chunks
+    pa.field("validator", pa.string()),  # web: the page's ETag (or Last-Modified) for the next conditional request
 ])
 
 # crawl -> listing: every document a source currently holds.

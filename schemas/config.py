@@ -88,16 +88,23 @@ class MetadataRule(_Strict):
 
 
 class SourceConfig(_Strict):
-    """Where documents come from: a local folder, or an llms-full.txt bundle of many pages."""
+    """Where documents come from: a local folder, an llms-full.txt bundle of many pages, or web pages."""
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Stable id of the source; part of doc ids.")]
-    kind: Literal["folder", "bundle"] = Field(
-        "folder", description="folder: files under path; bundle: an llms-full.txt file at path, each page a document.")
-    path: Path = Field(description="Folder (or bundle file) to read; relative paths are taken from the config file's "
-                       "folder.")
-    keep: tuple[str, ...] = Field((), description="Bundle pages to keep, by URL: substrings (/oss/python/) or globs "
-                                  "(*/tools/*); none: keep all.")
-    drop: tuple[str, ...] = Field((), description="Bundle pages to leave out, by URL; drop wins over keep.")
+    kind: Literal["folder", "bundle", "web"] = Field(
+        "folder", description="folder: files under path; bundle: an llms-full.txt file at path, each page a document; "
+        "web: the pages of `urls` and `sitemap`.")
+    path: Path | None = Field(None, description="Folder (or bundle file) to read; relative paths are taken from the "
+                              "config file's folder.")
+    urls: tuple[str, ...] = Field((), description="Web: pages to fetch.")
+    sitemap: str | None = Field(None, description="Web: a sitemap (or sitemap index) listing the pages to fetch.")
+    allow_hosts: tuple[str, ...] = Field((), description="Web: hosts pages and redirects may come from; default: "
+                                         "the hosts of urls and sitemap.")
+    timeout_s: float = Field(20.0, gt=0, description="Web: time-out of one request.")
+    max_redirects: int = Field(5, ge=0, le=20, description="Web: redirects followed per page.")
+    keep: tuple[str, ...] = Field((), description="Bundle or web pages to keep, by URL: substrings (/oss/python/) or "
+                                  "globs (*/tools/*); none: keep all.")
+    drop: tuple[str, ...] = Field((), description="Bundle or web pages to leave out, by URL; drop wins over keep.")
     base_url: str | None = Field(None, description="For bundles naming pages by path: the site they come from, so "
                                  "each page's URI is base_url/path.")
     include: tuple[str, ...] = Field(DEFAULT_INCLUDE, description="Glob patterns (relative to path) to take.")
@@ -123,6 +130,33 @@ class SourceConfig(_Strict):
     def _scalar_extras(cls, value: SourceMetadata) -> SourceMetadata:
         value.extra_fields()
         return value
+
+    @model_validator(mode="after")
+    def _what_to_read(self) -> SourceConfig:
+        if self.kind == "web":
+            if not self.urls and not self.sitemap:
+                msg = "a web source needs `urls` or a `sitemap`"
+                raise ValueError(msg)
+            for url in (*self.urls, *([self.sitemap] if self.sitemap else [])):
+                if not re.match(r"^https?://[^/\s]+", url):
+                    msg = f"'{url}' is not an http(s) URL"
+                    raise ValueError(msg)
+        elif self.path is None:
+            msg = f"a {self.kind} source needs `path`"
+            raise ValueError(msg)
+        return self
+
+    def hosts(self) -> frozenset[str]:
+        """The hosts a web source may fetch from: allow_hosts, else those of its urls and sitemap."""
+        if self.allow_hosts:
+            return frozenset(h.lower() for h in self.allow_hosts)
+        from urllib.parse import urlsplit
+
+        found = set()
+        for url in (*self.urls, *([self.sitemap] if self.sitemap else [])):
+            parts = urlsplit(url)
+            found.add((parts.hostname or "") + (f":{parts.port}" if parts.port else ""))
+        return frozenset(found)
 
 
 class ExtractionConfig(_Strict):
@@ -436,7 +470,8 @@ class InletConfig(_Strict):
         def _abs(p: Path) -> Path:
             return p if p.is_absolute() else (base / p).resolve()
 
-        sources = tuple(s.model_copy(update={"path": _abs(s.path)}) for s in self.sources)
+        sources = tuple(s.model_copy(update={"path": _abs(s.path) if s.path is not None else None})
+                        for s in self.sources)
         store = self.store.model_copy(update={"uri": _abs(self.store.uri), "artifacts": _abs(self.store.artifacts)})
         prompt = self.enrichment.prompt
         enrichment = self.enrichment.model_copy(update={"prompt": _abs(prompt) if prompt else None})

@@ -17,6 +17,7 @@ from wcmatch import glob as wcglob
 from schemas.arrow import LISTING_SCHEMA
 from schemas.config import InletConfig, SourceConfig, SourceMetadata
 from schemas.errors import ConfigError, ExtractionError
+from tasks import web
 from tasks.artifacts import write_artifact
 from tasks.bundle import NotABundleError, keep_member, member_uri, parse_bundle
 from tasks.extract import decode_text
@@ -114,10 +115,53 @@ def list_bundle(src: SourceConfig) -> Listed:
     return Listed(rows)
 
 
-def list_source(src: SourceConfig) -> Listed:
+def list_web(src: SourceConfig, known: dict[str, dict], fetched_dir: Path, max_bytes: int) -> Listed:
+    """Fetch a web source's pages, conditionally where the store knows a validator; bodies land in fetched_dir.
+
+    A 304 lists the page with its stored hash and stat, so detection calls it unchanged without
+    reading anything; 404/410 leaves it out (deleted, unless the guard holds); a failure keeps the
+    stored version and is reported; a body over the size limit is listed by size and quarantined.
+    """
+    hosts = src.hosts()
+    with web.client(src.timeout_s, src.max_redirects) as http:
+        urls = list(src.urls)
+        if src.sitemap:
+            try:
+                urls += web.sitemap_urls(http, src.sitemap, hosts)
+            except web.SitemapError as exc:
+                return Listed(failure=str(exc))
+        urls = [u for u in dict.fromkeys(urls) if keep_member(u, src.keep, src.drop)]
+        rows, notices = [], []
+        for url in urls:
+            doc_id = f"{src.name}:{url}"
+            old = known.get(doc_id)
+            page = web.fetch(http, url, old["validator"] if old and old["status"] == "ok" else None, hosts,
+                             max_bytes, fetched_dir)
+            row = {"doc_id": doc_id, "source": src.name, "uri": page.final_url or url, "member": None,
+                   **metadata_fields(src, url)}
+            if page.status == "fetched":
+                rows.append({**row, "path": page.body_path, "size": page.size, "mtime_ns": page.mtime_ns,
+                             "mime": page.mime, "validator": page.validator, "listed_hash": page.digest})
+            elif page.status == "too_large":
+                rows.append({**row, "path": "", "size": page.size, "mtime_ns": 0, "mime": None, "validator": None,
+                             "listed_hash": None})
+            elif page.status == "not_modified" or (page.status == "failed" and old is not None):
+                if page.status == "failed":
+                    notices.append(f"source '{src.name}': {url} failed ({page.error}): its last version is kept")
+                rows.append({**row, "uri": old["uri"], "path": "", "size": old["size"], "mtime_ns": old["mtime_ns"],
+                             "mime": old["mime"], "validator": old["validator"], "listed_hash": old["content_hash"]})
+            elif page.status == "failed":
+                notices.append(f"source '{src.name}': {url} failed ({page.error}): not indexed")
+    return Listed(rows, None, notices)
+
+
+def list_source(src: SourceConfig, known: dict[str, dict] | None = None, fetched_dir: Path | None = None,
+                max_bytes: int = 100 << 20) -> Listed:
     """List one source's documents as listing rows; a source that cannot be listed is a failed listing."""
     if src.kind == "bundle":
         return list_bundle(src)
+    if src.kind == "web":
+        return list_web(src, known or {}, fetched_dir or Path("fetched"), max_bytes)
     if not src.path.is_dir():
         return Listed(failure=f"folder {src.path} does not exist or is not a folder")
     outside: list[str] = []
@@ -140,13 +184,19 @@ def list_source(src: SourceConfig) -> Listed:
     return Listed(rows, None, notices)
 
 
-def crawl_sources(cfg: InletConfig) -> tuple[pa.Table, dict[str, str], list[str]]:
-    """List every configured source; return the listing, the sources whose listing failed (and why), notices."""
+def crawl_sources(cfg: InletConfig, known: pa.Table | None = None,
+                  run_dir: str | Path = ".") -> tuple[pa.Table, dict[str, str], list[str]]:
+    """List every configured source; return the listing, the sources whose listing failed (and why), notices.
+
+    known (the documents table) gives web pages their validators; fetched pages are saved under run_dir.
+    """
+    by_id = {r["doc_id"]: r for r in known.to_pylist()} if known is not None else {}
     rows: list[dict] = []
     failed: dict[str, str] = {}
     notices: list[str] = []
+    max_bytes = int(cfg.extraction.max_file_mb * 1024 * 1024)
     for src in cfg.sources:
-        listed = list_source(src)
+        listed = list_source(src, by_id, Path(run_dir) / "fetched" / src.name, max_bytes)
         rows.extend(listed.rows)
         notices.extend(listed.notices)
         if listed.failure:
@@ -155,9 +205,9 @@ def crawl_sources(cfg: InletConfig) -> tuple[pa.Table, dict[str, str], list[str]
 
 
 @stage("crawl")
-def crawl_stage(cfg: InletConfig, run_dir: str) -> tuple[str, dict[str, str], list[str]]:
+def crawl_stage(cfg: InletConfig, run_dir: str, known: pa.Table | None = None) -> tuple[str, dict[str, str], list[str]]:
     """List the sources and write the listing artifact; return its path, failed sources and notices."""
-    listing, failed, notices = crawl_sources(cfg)
+    listing, failed, notices = crawl_sources(cfg, known, run_dir)
     logger = get_run_logger()
     logger.info("crawled %d files from %d sources", listing.num_rows, len(cfg.sources))
     for name, why in failed.items():

@@ -153,7 +153,7 @@ def refuse_unindexed_failures(origin: str, cfg: InletConfig, failed: dict[str, s
     """
     indexed = set(known["source"].to_pylist())
     for i, src in enumerate(cfg.sources):
-        if src.name in failed and src.name not in indexed and not src.path.exists():
+        if src.name in failed and src.name not in indexed and src.path is not None and not src.path.exists():
             msg = f"{origin}: sources.{i}.path: source '{src.name}' {failed[src.name]}"
             raise ConfigError(msg)
 

@@ -639,11 +639,13 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig,
     try:
         # Detection only where neither the source nor (later) the document says which language it is in.
         futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"], d["language"] is None)
-                   for d in todo if not _in_process(d)}
+                   for d in todo if not _in_process(d) and d["size"] <= cfg.max_file_mb * 1024 * 1024}
         elements: list[dict] = []
         extracted: list[dict] = []
         for doc in todo:
             try:
+                if doc["size"] > cfg.max_file_mb * 1024 * 1024:
+                    raise ExtractionError("too_large", f"{doc['size']} bytes is over the {cfg.max_file_mb:g} MB limit")
                 future = futures.get(doc["doc_id"])
                 result = (pool.result(future) if future
                           else extract_document(doc["doc_id"], doc["path"], cfg, doc.get("member"),
