@@ -22,9 +22,9 @@ from tasks.extract import extract_stage
 from tasks.load import upsert_stage
 from tasks.quality import validate_stage
 from tasks.refresh import refresh_stage
-from tasks.variants import extraction_todo_stage, for_variant_stage
 from tasks.report import report_stage
 from tasks.store import connect, known_documents, writer_lock
+from tasks.variants import extraction_todo_stage, for_variant_stage
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
@@ -36,7 +36,7 @@ class _StageClock:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
 
-    def run(self, name: str, fn, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - passes through
+    def run(self, name: str, fn, *args, **kwargs):
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
@@ -106,7 +106,9 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
             detected.append((settings_fp, documents))
         todo = detected[0][1] if len(variants) == 1 else clock.run(
             "plan extraction", extraction_todo_stage, [d for _, d in detected], run_dir)
-        elements, extracted, extract_notices = clock.run("extract", extract_stage, todo, cfg.extraction, run_dir)
+        storage = {s.name: s.storage_options for s in cfg.sources if s.uri is not None}
+        elements, extracted, extract_notices = clock.run("extract", extract_stage, todo, cfg.extraction, run_dir,
+                                                         storage)
 
         summaries = []
         for (name, vcfg, vdir, notices), (settings_fp, documents) in zip(variants, detected):

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, date, datetime
 import json
 import re
+from datetime import UTC, date, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from schemas.errors import ConfigError
 
@@ -96,6 +103,11 @@ class SourceConfig(_Strict):
         "web: the pages of `urls` and `sitemap`.")
     path: Path | None = Field(None, description="Folder (or bundle file) to read; relative paths are taken from the "
                               "config file's folder.")
+    uri: str | None = Field(None, description="Folder on object storage instead of path: an fsspec URI such as "
+                            "s3://bucket/docs, gs://bucket/docs or file:///srv/docs.")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for uri, e.g. "
+                                            "endpoint_url, key, secret, anon (credentials may come from the "
+                                            "environment instead).")
     urls: tuple[str, ...] = Field((), description="Web: pages to fetch.")
     sitemap: str | None = Field(None, description="Web: a sitemap (or sitemap index) listing the pages to fetch.")
     allow_hosts: tuple[str, ...] = Field((), description="Web: hosts pages and redirects may come from; default: "
@@ -141,8 +153,15 @@ class SourceConfig(_Strict):
                 if not re.match(r"^https?://[^/\s]+", url):
                     msg = f"'{url}' is not an http(s) URL"
                     raise ValueError(msg)
+        elif self.kind == "folder" and self.uri is not None:
+            if self.path is not None:
+                msg = "give a folder source `path` or `uri`, not both"
+                raise ValueError(msg)
+            if "://" not in self.uri:
+                msg = f"'{self.uri}' is not a URI (s3://bucket/prefix, gs://..., file:///...)"
+                raise ValueError(msg)
         elif self.path is None:
-            msg = f"a {self.kind} source needs `path`"
+            msg = f"a {self.kind} source needs `path`" + (" or `uri`" if self.kind == "folder" else "")
             raise ValueError(msg)
         return self
 
@@ -193,7 +212,7 @@ class ChunkingConfig(_Strict):
 
     @field_validator("overlap_tokens")
     @classmethod
-    def _overlap_below_max(cls, value: int, info) -> int:  # noqa: ANN001 - pydantic's ValidationInfo
+    def _overlap_below_max(cls, value: int, info) -> int:
         max_tokens = info.data.get("max_tokens", 200)
         if value >= max_tokens:
             msg = f"must be smaller than max_tokens ({max_tokens})"
@@ -245,7 +264,7 @@ class EnrichmentConfig(_Strict):
 
     @field_validator("kind")
     @classmethod
-    def _local_does_keywords(cls, value: str, info) -> str:  # noqa: ANN001 - pydantic's ValidationInfo
+    def _local_does_keywords(cls, value: str, info) -> str:
         if info.data.get("provider", "local") == "local" and value != "keywords":
             msg = f"the local enricher only does keywords; '{value}' needs provider: gemini"
             raise ValueError(msg)
@@ -276,7 +295,7 @@ class EmbeddingConfig(_Strict):
 
     @field_validator("dim")
     @classmethod
-    def _minilm_is_384(cls, value: int | None, info) -> int | None:  # noqa: ANN001 - pydantic's ValidationInfo
+    def _minilm_is_384(cls, value: int | None, info) -> int | None:
         if info.data.get("kind", "minilm") == "minilm" and value not in (None, 384):
             msg = "all-MiniLM-L6-v2 vectors have 384 dimensions; leave dim out"
             raise ValueError(msg)

@@ -7,6 +7,7 @@ import json
 import mimetypes
 import os
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -155,6 +156,58 @@ def list_web(src: SourceConfig, known: dict[str, dict], fetched_dir: Path, max_b
     return Listed(rows, None, notices)
 
 
+def _mtime_ns(info: dict) -> int:
+    """An object's modification time in ns, from whichever key its filesystem uses."""
+    for key in ("LastModified", "mtime", "updated", "last_modified", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, (int, float)):
+            return int(value * 1e9)
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return int(value.timestamp() * 1e9)
+    return 0
+
+
+def list_objects(src: SourceConfig) -> Listed:
+    """List a folder on object storage (fsspec): size, mtime and ETag of every object include/exclude take.
+
+    The ETag is the object's validator: an object whose ETag is the stored one is unchanged without
+    being downloaded. Keys with '..' segments are refused: they cannot lead outside the prefix.
+    """
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(src.uri, **src.storage_options)
+        found = fs.find(root, detail=True)
+    except Exception as exc:  # noqa: BLE001 - any listing failure (credentials, network, bucket) is reported
+        return Listed(failure=f"{src.uri} could not be listed ({type(exc).__name__}: {exc})"[:500])
+    protocol = src.uri.split("://", 1)[0]
+    wanted = wcglob.compile(src.include, flags=_GLOB_FLAGS)
+    unwanted = wcglob.compile(src.exclude, flags=_GLOB_FLAGS) if src.exclude else None
+    prefix = root.rstrip("/") + "/"
+    rows, refused = [], []
+    for key, info in sorted(found.items()):
+        if info.get("type", "file") != "file" or not key.startswith(prefix):
+            continue
+        rel = key[len(prefix):]
+        if ".." in rel.split("/"):
+            refused.append(rel)
+            continue
+        if not wanted.match(rel) or (unwanted and unwanted.match(rel)):
+            continue
+        etag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
+        uri = f"{protocol}://{key}"
+        rows.append({"doc_id": f"{src.name}:{rel}", "source": src.name, "path": uri, "uri": uri,
+                     "size": int(info.get("size") or 0), "mtime_ns": _mtime_ns(info),
+                     "mime": mimetypes.guess_type(rel)[0], "validator": etag, "member": None, "listed_hash": None,
+                     **metadata_fields(src, rel)})
+    notices = [f"source '{src.name}': {len(refused)} object key(s) with '..' refused: {', '.join(refused[:5])}"
+               ] if refused else []
+    return Listed(rows, None, notices)
+
+
 def list_source(src: SourceConfig, known: dict[str, dict] | None = None, fetched_dir: Path | None = None,
                 max_bytes: int = 100 << 20) -> Listed:
     """List one source's documents as listing rows; a source that cannot be listed is a failed listing."""
@@ -162,6 +215,8 @@ def list_source(src: SourceConfig, known: dict[str, dict] | None = None, fetched
         return list_bundle(src)
     if src.kind == "web":
         return list_web(src, known or {}, fetched_dir or Path("fetched"), max_bytes)
+    if src.uri is not None:
+        return list_objects(src)
     if not src.path.is_dir():
         return Listed(failure=f"folder {src.path} does not exist or is not a folder")
     outside: list[str] = []

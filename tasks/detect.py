@@ -64,6 +64,10 @@ def _digest(row: dict, hasher: Hasher, max_bytes: float) -> str | None:
     """
     if row.get("listed_hash"):
         return row["listed_hash"]
+    if "://" in row["path"]:
+        # Object storage: never downloaded to be compared; a new ETag (or stat) marks it changed and
+        # extraction records the real hash.
+        return f"object:{row.get('validator') or ''}:{row['size']}:{row['mtime_ns']}"
     if row["size"] > max_bytes:
         return f"unread:{row['size']}:{row['mtime_ns']}"
     return hasher(row["path"])
@@ -76,7 +80,10 @@ def _classify(row: dict, known: dict | None, settings_fp: str, hasher: Hasher, r
         digest = _digest(row, hasher, max_bytes)
         return "new", None if digest else "unreadable", digest
     same_stat = (row["size"], row["mtime_ns"]) == (known["size"], known["mtime_ns"])
-    digest = known["content_hash"] if same_stat and known["content_hash"] else _digest(row, hasher, max_bytes)
+    # An object (or page) whose ETag is the stored one is unchanged whatever its timestamps say.
+    same_validator = bool(row.get("validator")) and row.get("validator") == known.get("validator")
+    digest = (known["content_hash"] if (same_stat or same_validator) and known["content_hash"]
+              else _digest(row, hasher, max_bytes))
     if digest is None:
         return "changed", "unreadable", None
     if digest != known["content_hash"]:

@@ -504,8 +504,20 @@ def _extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig) -
     return Extracted(rows, title, digest, html_metadata(text) if kind == ".html" else {})
 
 
-def read_document(path: str, cfg: ExtractionConfig, member: str | None = None) -> bytes:
-    """Read a document's bytes (a bundle's page when member is given), refusing files over the size limit unread."""
+def read_document(path: str, cfg: ExtractionConfig, member: str | None = None,
+                  storage_options: dict | None = None) -> bytes:
+    """Read a document's bytes (a bundle's page when member is given, an object when path is a URI).
+
+    Files over the size limit are refused unread.
+    """
+    if "://" in path:
+        import fsspec
+
+        try:
+            with fsspec.open(path, "rb", **(storage_options or {})) as fh:
+                return fh.read()
+        except Exception as exc:
+            raise ExtractionError("unreadable", f"{type(exc).__name__}: {exc}"[:300]) from exc
     if member is not None:
         from tasks.bundle import member_bytes
 
@@ -525,9 +537,9 @@ def read_document(path: str, cfg: ExtractionConfig, member: str | None = None) -
 
 
 def extract_document(doc_id: str, path: str, cfg: ExtractionConfig, member: str | None = None,
-                     detect: bool = False) -> Extracted:
-    """Read and extract one file (or bundle page); raise ExtractionError with a reason code on failure."""
-    data = read_document(path, cfg, member)
+                     detect: bool = False, storage_options: dict | None = None) -> Extracted:
+    """Read and extract one file (or bundle page, or object); raise ExtractionError with a reason code on failure."""
+    data = read_document(path, cfg, member, storage_options)
     if member is not None:  # bundle pages are Markdown whatever their URL ends with
         name = member if Path(member).suffix.lower() in MARKDOWN else f"{member}.md"
         return extract_bytes(doc_id, name, data, cfg, detect)
@@ -571,9 +583,9 @@ class ExtractionPool:
         self._cfg = cfg
         self._pool = pebble.ProcessPool(max_workers=cfg.workers, initializer=_start_worker, context=_worker_context())
 
-    def submit(self, doc_id: str, path: str, detect: bool = False) -> object:
+    def submit(self, doc_id: str, path: str, detect: bool = False, storage_options: dict | None = None) -> object:
         """Schedule one document; its time limit starts when a worker picks it up."""
-        return self._pool.schedule(extract_document, args=(doc_id, path, self._cfg, None, detect),
+        return self._pool.schedule(extract_document, args=(doc_id, path, self._cfg, None, detect, storage_options),
                                    timeout=self._cfg.timeout_s)
 
     def result(self, future: object) -> Extracted:
@@ -631,14 +643,18 @@ def _quarantined(doc: dict, exc: ExtractionError) -> dict:
             "message": exc.message, "content_hash": doc["content_hash"]}
 
 
-def extract_documents(documents: pa.Table, cfg: ExtractionConfig,
-                      advance: Callable[[int], None] | None = None) -> tuple[pa.Table, pa.Table]:
-    """Extract every new or changed document; failures become 'quarantined' rows, not exceptions."""
+def extract_documents(documents: pa.Table, cfg: ExtractionConfig, advance: Callable[[int], None] | None = None,
+                      storage: dict[str, dict] | None = None) -> tuple[pa.Table, pa.Table]:
+    """Extract every new or changed document; failures become 'quarantined' rows, not exceptions.
+
+    storage maps a source name to its fsspec options, for documents on object storage.
+    """
+    storage = storage or {}
     todo = documents.filter(pa.compute.is_in(documents["change"], pa.array(["new", "changed"]))).to_pylist()
     pool = ExtractionPool(cfg) if any(not _in_process(d) for d in todo) else None
     try:
         # Detection only where neither the source nor (later) the document says which language it is in.
-        futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"], d["language"] is None)
+        futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"], d["language"] is None, storage.get(d["source"]))
                    for d in todo if not _in_process(d) and d["size"] <= cfg.max_file_mb * 1024 * 1024}
         elements: list[dict] = []
         extracted: list[dict] = []
@@ -649,7 +665,7 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig,
                 future = futures.get(doc["doc_id"])
                 result = (pool.result(future) if future
                           else extract_document(doc["doc_id"], doc["path"], cfg, doc.get("member"),
-                                                doc["language"] is None))
+                                                doc["language"] is None, storage.get(doc["source"])))
             except ExtractionError as exc:
                 extracted.append(_quarantined(doc, exc))
             else:
@@ -667,7 +683,8 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig,
 
 
 @stage("extract")
-def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str) -> tuple[str, str, list[str]]:
+def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str,
+                  storage: dict[str, dict] | None = None) -> tuple[str, str, list[str]]:
     """Extract new and changed documents; write elements and extracted artifacts."""
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
     todo = [d for d in documents.select(["path", "member", "change"]).to_pylist() if d["change"] in ("new", "changed")]
@@ -675,7 +692,7 @@ def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str) -> t
     if any(not _in_process(d) for d in todo) and not real_model_installed():
         notice = NOTICE  # the workers install the stand-in pipeline (see _start_worker)
     with stage_progress("extract", len(todo)) as advance:
-        elements, extracted = extract_documents(documents, cfg, advance)
+        elements, extracted = extract_documents(documents, cfg, advance, storage)
     failed = extracted.filter(pa.compute.equal(extracted["status"], "quarantined"))
     logger = get_run_logger()
     logger.info("extracted %d documents into %d elements; %d quarantined", len(todo), elements.num_rows, failed.num_rows)

@@ -1,0 +1,100 @@
+"""A folder on object storage: an S3-compatible server (moto) started by the test, read through fsspec."""
+
+from __future__ import annotations
+
+import logging
+
+import lancedb
+import pytest
+
+from flows.ingest import ingest
+from query import search
+from schemas.config import load_config
+from tests.conftest import SAMPLE
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+class _Requests(logging.Handler):
+    """The S3 server's access log: one line per request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def s3():
+    """A local S3-compatible server with a bucket 'docs'; yields (endpoint, boto3 client, request log)."""
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
+                          region_name="us-east-1")
+    client.create_bucket(Bucket="docs")
+    log = _Requests()
+    werkzeug = logging.getLogger("werkzeug")
+    werkzeug.addHandler(log)
+    werkzeug.setLevel(logging.INFO)
+    try:
+        yield endpoint, client, log
+    finally:
+        werkzeug.removeHandler(log)
+        server.stop()
+
+
+def _upload(client, tmp_path) -> list[str]:
+    keys = []
+    for rel in ("guides/boat-maintenance.md", "reports/regatta-report-2025.pdf", "policies/safety-policy.html",
+                "harbour-faq.txt"):
+        client.put_object(Bucket="docs", Key=f"club/{rel}", Body=(SAMPLE / rel).read_bytes())
+        keys.append(f"club/{rel}")
+    client.put_object(Bucket="docs", Key="other/not-this.md", Body=b"# Outside the prefix\n")
+    return keys
+
+
+def test_a_bucket_prefix_is_a_source_with_etag_change_detection(s3, write_config, tmp_path):
+    endpoint, client, log = s3
+    _upload(client, tmp_path)
+    options = {"endpoint_url": endpoint, "key": "test", "secret": "test", "client_kwargs": {"region_name": "us-east-1"}}
+    config = write_config(tmp_path, sources=[{"name": "s3", "uri": "s3://docs/club", "storage_options": options}])
+    first = ingest(config_path=str(config))
+    assert first["docs_new"] == 4 and first["docs_quarantined"] == 0
+    db = lancedb.connect(str(load_config(config).store.uri))
+    docs = {d["doc_id"]: d for d in db.open_table("documents").to_arrow().to_pylist()}
+    report = docs["s3:reports/regatta-report-2025.pdf"]
+    assert report["uri"] == "s3://docs/club/reports/regatta-report-2025.pdf" and report["validator"].startswith('"')
+    hit = search("surplus of 1,530 euros", k=1, config=config)[0]
+    assert hit.doc_id == report["doc_id"] and hit.citation.pages[1] == 2, "page citations survive object storage"
+
+    log.lines.clear()
+    second = ingest(config_path=str(config))
+    assert (second["docs_unchanged"], second["docs_new"], second["docs_changed"]) == (4, 0, 0)
+    assert not [line for line in log.lines if '"GET /docs/club/' in line], "unchanged objects are not downloaded"
+
+    client.put_object(Bucket="docs", Key="club/harbour-faq.txt",
+                      Body=b"The harbour office opens at seven and closes at nine in summer.\n")
+    client.delete_object(Bucket="docs", Key="club/policies/safety-policy.html")
+    third = ingest(config_path=str(config))
+    assert (third["docs_changed"], third["docs_deleted"], third["docs_unchanged"]) == (1, 1, 2)
+    assert search("when does the harbour office open", k=1, config=config)[0].doc_id == "s3:harbour-faq.txt"
+
+
+def test_an_unreachable_bucket_deletes_nothing(s3, write_config, tmp_path):
+    endpoint, client, _ = s3
+    _upload(client, tmp_path)
+    options = {"endpoint_url": endpoint, "key": "test", "secret": "test", "client_kwargs": {"region_name": "us-east-1"}}
+    config = write_config(tmp_path, sources=[{"name": "s3", "uri": "s3://docs/club", "storage_options": options}])
+    assert ingest(config_path=str(config))["docs_new"] == 4
+    broken = write_config(tmp_path, name="broken.yaml", sources=[{
+        "name": "s3", "uri": "s3://no-such-bucket/club", "storage_options": options}])
+    summary = ingest(config_path=str(broken))
+    assert summary["docs_deleted"] == 0
+    assert any("could not be listed" in n and "nothing deleted" in n for n in summary["notices"])
