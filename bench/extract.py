@@ -18,6 +18,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -48,7 +52,7 @@ def pdf_pages(paths: list[Path]) -> dict[str, int]:
     return pages
 
 
-def documents_table(paths: list[Path]):  # noqa: ANN201 - a pyarrow Table
+def documents_table(paths: list[Path]) -> pa.Table:
     """The documents artifact extraction reads: every file new, with the source language set (no detection)."""
     import pyarrow as pa
 

@@ -433,6 +433,8 @@ def _classify_failure(exc: Exception, kind: str) -> ExtractionError:
     text = f"{name}: {exc}"[:500]
     if "Password" in name or "password" in str(exc).lower() or "decrypt" in str(exc).lower():
         return ExtractionError("encrypted", f"the file is password-protected ({text})")
+    if kind == ".docx" and "no relationship of type" in str(exc):
+        return ExtractionError("unsupported", f"Strict Open XML (ISO 29500 Strict) Word files are not read ({text})")
     if kind == ".docx":
         return ExtractionError("corrupt", f"not a readable .docx ({text})")
     return ExtractionError("corrupt", f"the parser failed ({text})")

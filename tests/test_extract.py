@@ -87,6 +87,12 @@ def test_bad_files_raise_reasoned_errors(shared_corpora, rel, reason):
     assert err.value.reason == reason and err.value.message
 
 
+def test_strict_open_xml_word_files_are_unsupported_not_corrupt(shared_corpora):
+    with pytest.raises(ExtractionError) as err:
+        extract_document("d", str(shared_corpora / "docx" / "docling" / "Strict.docx"), CFG)
+    assert err.value.reason == "unsupported" and "Strict Open XML" in err.value.message
+
+
 def test_missing_file_is_unreadable(tmp_path):
     with pytest.raises(ExtractionError, match="unreadable"):
         extract_document("d", str(tmp_path / "gone.md"), CFG)
