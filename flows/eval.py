@@ -196,7 +196,9 @@ def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str 
     logger = get_run_logger()
     data = load_dataset(dataset)
     base = Path(config_path)
-    work = Path(workdir) if workdir else Path(load_config(base).store.artifacts).parent / "eval" / data.name
+    artifacts = load_config(base).store.artifacts
+    default = Path("data") if "://" in artifacts else Path(artifacts).parent
+    work = Path(workdir) if workdir else default / "eval" / data.name
     if data.documents:
         write_corpus(data.documents, work / "corpus")
     rows = []

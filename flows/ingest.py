@@ -13,6 +13,7 @@ from providers.embedders import embedder_spec, resolve_embedding
 from providers.enrichers import resolve_enrichment
 from providers.keys import use_secret_block
 from schemas.config import InletConfig, load_config
+from tasks.artifacts import is_remote, join, use_storage_options
 from tasks.chunk import chunk_stage
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
@@ -77,7 +78,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     use_secret_block(cfg.api_key_block)
     started = datetime.now(UTC)
     run_id = new_run_id(started)
-    run_dir = str(cfg.store.artifacts / run_id)
+    use_storage_options(cfg.store.artifacts, cfg.store.artifacts_options)
+    run_dir = join(cfg.store.artifacts, run_id)
     store = str(cfg.store.uri)
     clock = _StageClock()
     variants = []
@@ -107,6 +109,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         todo = detected[0][1] if len(variants) == 1 else clock.run(
             "plan extraction", extraction_todo_stage, [d for _, d in detected], run_dir)
         storage = {s.name: s.storage_options for s in cfg.sources if s.uri is not None}
+        # Web pages are fetched into the artifact folder: workers read them back with its options.
+        storage |= {s.name: cfg.store.artifacts_options for s in cfg.sources if s.kind == "web"}
         elements, extracted, extract_notices = clock.run("extract", extract_stage, todo, cfg.extraction, run_dir,
                                                          storage)
 
@@ -127,7 +131,9 @@ def _index(cfg: InletConfig, name: str | None, documents: str, elements: str, ex
            run_id: str, run_dir: str, started: datetime, clock: _StageClock, notices: list[str]) -> dict:
     """Chunk, enrich, embed, commit and report one index (the main one or a variant)."""
     store, table, dim = str(cfg.store.uri), cfg.store.chunks_table, embedder_spec(cfg.embedding).dim
-    jobs = str(cfg.store.artifacts / BATCH_JOBS_DIR)
+    # Open Gemini batch jobs are a small local ledger: beside the store when artifacts live on object storage.
+    jobs = str(cfg.store.uri.parent / BATCH_JOBS_DIR) if is_remote(cfg.store.artifacts) else join(
+        cfg.store.artifacts, BATCH_JOBS_DIR)
     suffix = "" if name is None else f" {name}"
     chunks = clock.run("chunk" + suffix, chunk_stage, elements, cfg.chunking, run_dir)
     # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.

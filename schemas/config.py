@@ -397,7 +397,10 @@ class StoreConfig(_Strict):
     """Where tables and run artifacts live."""
 
     uri: Path = Field(Path("../data/lancedb"), description="LanceDB folder; relative to the config file's folder.")
-    artifacts: Path = Field(Path("../data/runs"), description="Run artifact folder; relative to the config file's folder.")
+    artifacts: str = Field("../data/runs", description="Run artifact folder, relative to the config file's folder, "
+                           "or an fsspec URI (s3://bucket/runs) that workers on other machines can reach.")
+    artifacts_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for an artifacts "
+                                              "URI (endpoint_url, ...); credentials may come from the environment.")
     chunks_table: str = Field("chunks", description="Name of the chunks table.")
     documents_table: str = Field("documents", description="Name of the documents table.")
     runs_table: str = Field("runs", description="Name of the runs table.")
@@ -491,7 +494,8 @@ class InletConfig(_Strict):
 
         sources = tuple(s.model_copy(update={"path": _abs(s.path) if s.path is not None else None})
                         for s in self.sources)
-        store = self.store.model_copy(update={"uri": _abs(self.store.uri), "artifacts": _abs(self.store.artifacts)})
+        artifacts = self.store.artifacts if "://" in self.store.artifacts else str(_abs(Path(self.store.artifacts)))
+        store = self.store.model_copy(update={"uri": _abs(self.store.uri), "artifacts": artifacts})
         prompt = self.enrichment.prompt
         enrichment = self.enrichment.model_copy(update={"prompt": _abs(prompt) if prompt else None})
         return self.model_copy(update={"sources": sources, "store": store, "enrichment": enrichment})

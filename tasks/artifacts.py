@@ -15,16 +15,64 @@ if TYPE_CHECKING:
     from providers.gemini_batch import JobRecord
 
 
+def is_remote(path: str | Path) -> bool:
+    """Tell a URI (s3://bucket/runs, gs://..., file:///...) from a local path."""
+    return "://" in str(path)
+
+
+def join(base: str | Path, *parts: str) -> str:
+    """Join path parts onto a local folder or a URI."""
+    if is_remote(base):
+        return "/".join([str(base).rstrip("/"), *parts])
+    return str(Path(base, *parts))
+
+
+def use_storage_options(uri: str | Path, options: dict) -> None:
+    """Make options the defaults of the URI's fsspec protocol in this process (credentials, endpoint)."""
+    if not is_remote(uri) or not options:
+        return
+    import fsspec.config
+
+    protocol = str(uri).split("://", 1)[0]
+    fsspec.config.conf[protocol] = {**fsspec.config.conf.get(protocol, {}), **options}
+
+
+def write_bytes(folder: str | Path, name: str, data: bytes) -> str:
+    """Write bytes as <folder>/<name> (a local folder or a URI); return the path."""
+    path = join(folder, name)
+    if is_remote(path):
+        import fsspec
+
+        with fsspec.open(path, "wb") as fh:
+            fh.write(data)
+        return path
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(data)
+    return path
+
+
 def write_artifact(table: pa.Table, run_dir: str | Path, name: str, schema: pa.Schema) -> str:
-    """Write table as <run_dir>/<name>.parquet after casting it to schema; return the path."""
-    path = Path(run_dir) / f"{name}.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(conform(table, schema), path)
-    return str(path)
+    """Write table as <run_dir>/<name>.parquet after casting it to schema; return the path (or URI)."""
+    path = join(run_dir, f"{name}.parquet")
+    table = conform(table, schema)
+    if is_remote(path):
+        import fsspec
+
+        with fsspec.open(path, "wb") as fh:
+            pq.write_table(table, fh)
+        return path
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
 
 
 def read_artifact(path: str | Path, schema: pa.Schema) -> pa.Table:
-    """Read an artifact and cast it to schema."""
+    """Read an artifact (a local path or a URI) and cast it to schema."""
+    if is_remote(path):
+        import fsspec
+
+        with fsspec.open(str(path), "rb") as fh:
+            return conform(pq.read_table(fh), schema)
     return conform(pq.read_table(path), schema)
 
 

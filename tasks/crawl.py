@@ -19,7 +19,7 @@ from schemas.arrow import LISTING_SCHEMA
 from schemas.config import InletConfig, SourceConfig, SourceMetadata
 from schemas.errors import ConfigError, ExtractionError
 from tasks import web
-from tasks.artifacts import write_artifact
+from tasks.artifacts import join, write_artifact
 from tasks.bundle import NotABundleError, keep_member, member_uri, parse_bundle
 from tasks.extract import decode_text
 from tasks.stage import stage
@@ -116,7 +116,7 @@ def list_bundle(src: SourceConfig) -> Listed:
     return Listed(rows)
 
 
-def list_web(src: SourceConfig, known: dict[str, dict], fetched_dir: Path, max_bytes: int) -> Listed:
+def list_web(src: SourceConfig, known: dict[str, dict], fetched_dir: str, max_bytes: int) -> Listed:
     """Fetch a web source's pages, conditionally where the store knows a validator; bodies land in fetched_dir.
 
     A 304 lists the page with its stored hash and stat, so detection calls it unchanged without
@@ -165,7 +165,7 @@ def _mtime_ns(info: dict) -> int:
         if isinstance(value, (int, float)):
             return int(value * 1e9)
         if isinstance(value, str):
-            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            value = datetime.fromisoformat(value)  # 3.11 reads a trailing Z
         return int(value.timestamp() * 1e9)
     return 0
 
@@ -208,13 +208,13 @@ def list_objects(src: SourceConfig) -> Listed:
     return Listed(rows, None, notices)
 
 
-def list_source(src: SourceConfig, known: dict[str, dict] | None = None, fetched_dir: Path | None = None,
+def list_source(src: SourceConfig, known: dict[str, dict] | None = None, fetched_dir: str | None = None,
                 max_bytes: int = 100 << 20) -> Listed:
     """List one source's documents as listing rows; a source that cannot be listed is a failed listing."""
     if src.kind == "bundle":
         return list_bundle(src)
     if src.kind == "web":
-        return list_web(src, known or {}, fetched_dir or Path("fetched"), max_bytes)
+        return list_web(src, known or {}, fetched_dir or "fetched", max_bytes)
     if src.uri is not None:
         return list_objects(src)
     if not src.path.is_dir():
@@ -251,7 +251,7 @@ def crawl_sources(cfg: InletConfig, known: pa.Table | None = None,
     notices: list[str] = []
     max_bytes = int(cfg.extraction.max_file_mb * 1024 * 1024)
     for src in cfg.sources:
-        listed = list_source(src, by_id, Path(run_dir) / "fetched" / src.name, max_bytes)
+        listed = list_source(src, by_id, join(run_dir, "fetched", src.name), max_bytes)
         rows.extend(listed.rows)
         notices.extend(listed.notices)
         if listed.failure:

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from tasks.artifacts import write_bytes
+
 USER_AGENT = "Inlet (knowledge-base refresher)"
 
 
@@ -88,8 +90,8 @@ def _mtime_ns(last_modified: str | None) -> int:
 
 
 def fetch(http: httpx.Client, url: str, validator: str | None, hosts: frozenset[str], max_bytes: int,
-          dest: Path) -> Page:
-    """Fetch one page, conditionally when a validator is known; save its body under dest."""
+          dest: str) -> Page:
+    """Fetch one page, conditionally when a validator is known; save its body under dest (a folder or URI)."""
     headers = {}
     if validator:
         is_etag = validator.startswith(('"', 'W/"'))
@@ -115,10 +117,9 @@ def fetch(http: httpx.Client, url: str, validator: str | None, hosts: frozenset[
                 if len(body) > max_bytes:  # stop reading: the rest is never downloaded
                     return Page(url, "too_large", str(response.url), size=len(body))
             digest = hashlib.sha256(body).hexdigest()
-            path = dest / f"{digest[:32]}{_suffix(response.headers.get('Content-Type'), str(response.url))}"
-            dest.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(body)
-            return Page(url, "fetched", str(response.url), str(path), digest, len(body),
+            name = f"{digest[:32]}{_suffix(response.headers.get('Content-Type'), str(response.url))}"
+            path = write_bytes(dest, name, bytes(body))
+            return Page(url, "fetched", str(response.url), path, digest, len(body),
                         _mtime_ns(response.headers.get("Last-Modified")),
                         response.headers.get("ETag") or response.headers.get("Last-Modified"),
                         (response.headers.get("Content-Type") or "").split(";")[0].strip() or None)

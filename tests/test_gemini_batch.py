@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import lancedb
 import pytest
@@ -43,7 +44,7 @@ def test_batch_mode_enriches_at_half_price_and_the_next_run_resends_only_failed_
         price = DEFAULT_PRICES["gemini-2.5-flash"]
         full = (first["llm_prompt_tokens"] * price.input + first["llm_output_tokens"] * price.output) / 1e6
         assert first["llm_cost_usd"] == pytest.approx(full / 2), "Batch Mode is billed at half price"
-        assert not list((load_config(config).store.artifacts / BATCH_JOBS_DIR).glob("*.json")), "job collected"
+        assert not list((Path(load_config(config).store.artifacts) / BATCH_JOBS_DIR).glob("*.json")), "job collected"
 
         # Back to auto mode: the few failed rows go out again on their own, online.
         config = _config(write_config, corpus, srv, mode="auto")
@@ -63,7 +64,7 @@ def test_an_interrupted_batch_job_is_resumed_not_submitted_again(write_config, c
         with pytest.raises(BatchPendingError, match=r"batches/job1 is still JOB_STATE_RUNNING.*run ingest again"):
             ingest(config_path=str(config))
         cfg = load_config(config)
-        records = [json.loads(p.read_text()) for p in (cfg.store.artifacts / BATCH_JOBS_DIR).glob("*.json")]
+        records = [json.loads(p.read_text()) for p in (Path(cfg.store.artifacts) / BATCH_JOBS_DIR).glob("*.json")]
         assert [r["name"] for r in records] == ["batches/job1"], "the job's name outlived the run"
         assert KEY not in json.dumps(records)
         assert not (cfg.store.uri / "chunks.lance").exists(), "nothing was committed by the interrupted run"
@@ -73,7 +74,7 @@ def test_an_interrupted_batch_job_is_resumed_not_submitted_again(write_config, c
         assert srv.traffic.calls["batchGenerateContent"] == 1, "resumed, not paid for twice"
         assert resumed["llm_batch_jobs"] == 1 and resumed["texts_enriched"] == resumed["chunks_added"] > 0
         assert all(_enrichments(config)) and srv.traffic.calls.get("generateContent", 0) == 0
-        assert not list((cfg.store.artifacts / BATCH_JOBS_DIR).glob("*.json"))
+        assert not list((Path(cfg.store.artifacts) / BATCH_JOBS_DIR).glob("*.json"))
     finally:
         srv.stop()
 
@@ -141,7 +142,7 @@ def test_a_run_killed_while_waiting_for_its_batch_job_is_resumed_by_the_next(wri
     srv = GeminiServer(Faults(batch_hold=True)).start()
     try:
         config = _config(write_config, corpus, srv, mode="always")
-        jobs = load_config(config).store.artifacts / BATCH_JOBS_DIR
+        jobs = Path(load_config(config).store.artifacts) / BATCH_JOBS_DIR
         root = Path(__file__).resolve().parent.parent
         env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(root)}
         proc = subprocess.Popen([sys.executable, "-c", f"from flows.ingest import ingest; ingest(config_path={str(config)!r})"],

@@ -82,7 +82,7 @@ def test_prompt_version_bump_re_enriches_every_chunk_without_re_chunking(write_c
     # A new version with new wording: the test server's answers follow the words of the prompt.
     prompt.write_text(prompt.read_text().replace("version: 1", "version: 2") + "  Mind abbreviations.\n")
     bumped = ingest(config_path=str(config))
-    run_dir = load_config(config).store.artifacts / bumped["run_id"]
+    run_dir = Path(load_config(config).store.artifacts) / bumped["run_id"]
     assert pq.read_table(run_dir / "chunks.parquet").num_rows == 0, "nothing was chunked again"
     assert pq.read_table(run_dir / "elements.parquet").num_rows == 0, "nothing was extracted again"
     assert (bumped["docs_changed"], bumped["docs_new"]) == (0, 0)
@@ -168,7 +168,7 @@ def test_api_key_from_a_prefect_secret_block_never_leaks(write_config, corpus, s
     assert server.traffic.api_keys == {KEY} and summary["texts_enriched"] > 0
     assert not any("API_KEY" in n for n in summary["notices"]), "the key was found: no fallback notice"
     cfg = load_config(config)
-    for path in [*cfg.store.artifacts.rglob("*"), *cfg.store.uri.rglob("*")]:
+    for path in [*Path(cfg.store.artifacts).rglob("*"), *cfg.store.uri.rglob("*")]:
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
     assert KEY not in caplog.text and KEY not in str(summary)

@@ -85,7 +85,7 @@ def test_edited_paragraph_reembeds_only_the_new_chunk_texts(corpus, write_config
     summary = ingest(config_path=str(config))
 
     assert (summary["docs_changed"], summary["docs_unchanged"]) == (1, 4)
-    run_dir = load_config(config).store.artifacts / summary["run_id"]
+    run_dir = Path(load_config(config).store.artifacts) / summary["run_id"]
     assert pq.read_table(run_dir / "extracted.parquet")["doc_id"].to_pylist() == [f"sample:{GUIDE}"]
     after = _chunks_by_id(config)
     new_ids = set(after) - set(before)

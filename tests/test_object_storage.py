@@ -6,6 +6,7 @@ import logging
 
 import lancedb
 import pytest
+import yaml
 
 from flows.ingest import ingest
 from query import search
@@ -98,3 +99,21 @@ def test_an_unreachable_bucket_deletes_nothing(s3, write_config, tmp_path):
     summary = ingest(config_path=str(broken))
     assert summary["docs_deleted"] == 0
     assert any("could not be listed" in n and "nothing deleted" in n for n in summary["notices"])
+
+
+def test_run_artifacts_can_live_in_a_bucket(s3, write_config, tmp_path, corpus):
+    endpoint, client, _ = s3
+    client.create_bucket(Bucket="runs")
+    options = {"endpoint_url": endpoint, "key": "test", "secret": "test", "client_kwargs": {"region_name": "us-east-1"}}
+    config = write_config(corpus)
+    data = yaml.safe_load(config.read_text())
+    data["store"] = {"uri": str(tmp_path / "lancedb"), "artifacts": "s3://runs/inlet", "artifacts_options": options}
+    config.write_text(yaml.safe_dump(data))
+    first = ingest(config_path=str(config))
+    assert first["docs_new"] == 5 and first["docs_quarantined"] == 0
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix=f"inlet/{first['run_id']}/")["Contents"]]
+    names = {k.rsplit("/", 1)[1] for k in keys}
+    assert {"listing.parquet", "documents.parquet", "elements.parquet", "chunks.parquet", "run.parquet"} <= names
+    assert not (tmp_path / "runs").exists(), "nothing written to a local artifact folder"
+    assert search("wind limits for lasers", k=1, config=config)[0].doc_id == "sample:policies/safety-policy.html"
+    assert ingest(config_path=str(config))["docs_unchanged"] == 5

@@ -222,7 +222,7 @@ def test_index_variants_share_one_extraction_and_keep_their_own_tables(corpus, w
                                             "wide": {"chunking": {"strategy": "fixed", "max_tokens": 400,
                                                                   "overlap_tokens": 0}}})
     first = ingest(config_path=str(config))
-    run_dir = load_config(config).store.artifacts / first["run_id"]
+    run_dir = Path(load_config(config).store.artifacts) / first["run_id"]
     assert set(first["variants"]) == {"small", "wide"}
     assert first["variants"]["small"]["chunks_added"] > first["chunks_added"] > first["variants"]["wide"]["chunks_added"]
     assert (run_dir / "extracted.parquet").is_file() and (run_dir / "small" / "elements.parquet").is_file()
@@ -240,7 +240,7 @@ def test_index_variants_share_one_extraction_and_keep_their_own_tables(corpus, w
     guide.write_text(guide.read_text().replace("2% hardener", "3% hardener"))
     second = ingest(config_path=str(config))
     assert second["docs_changed"] == 1 and second["variants"]["small"]["docs_changed"] == 1
-    extracted = pq.read_table(load_config(config).store.artifacts / second["run_id"] / "extracted.parquet")
+    extracted = pq.read_table(Path(load_config(config).store.artifacts) / second["run_id"] / "extracted.parquet")
     assert extracted["doc_id"].to_pylist() == ["sample:guides/boat-maintenance.md"], "extracted once for all"
 
 
