@@ -185,6 +185,9 @@ class ExtractionConfig(_Strict):
     max_file_mb: float = Field(100.0, gt=0, description="Files above this size are quarantined unread (too_large).")
     timeout_s: float = Field(300.0, gt=0, description="Time limit for extracting one non-Markdown document; past it "
                              "the document is quarantined (timeout) and the run goes on.")
+    ocr: bool = Field(False, description="Read PDFs without a text layer with tesseract (unstructured's ocr_only "
+                      "strategy); needs tesseract and poppler installed. Off: they are quarantined as no_text.")
+    ocr_languages: tuple[str, ...] = Field(("eng",), description="tesseract language packs to OCR with.")
     workers: int = Field(1, ge=1, le=64, description="Processes partitioning non-Markdown documents in parallel "
                          "(Markdown is read in the run's own process).")
 

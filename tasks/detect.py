@@ -49,7 +49,8 @@ def settings_fingerprint(cfg: InletConfig) -> str:
     enricher = make_enricher(cfg.enrichment).fingerprint if cfg.enrichment.enabled else None
     chunking = {
         "pipeline": PIPELINE_VERSION,
-        "extraction": cfg.extraction.model_dump(mode="json"),
+        # How many workers and how long they may take change no document's text: not part of it.
+        "extraction": cfg.extraction.model_dump(mode="json", exclude={"workers", "timeout_s"}),
         "chunking": cfg.chunking.model_dump(mode="json"),
         "delimiter": cfg.enrichment.delimiter,
         "embedder": embedder_spec(cfg.embedding).fingerprint,

@@ -449,12 +449,30 @@ def _pdf_rows(doc_id: str, data: bytes, cfg: ExtractionConfig) -> list[dict]:
     if not rows and reader is not None:
         # pdfminer reads nothing from some files pypdf reads (owner-password files, odd fonts, damage).
         rows = pypdf_elements(doc_id, reader)
+    if not rows and not damage and cfg.ocr:
+        rows = ocr_rows(doc_id, data, cfg)
     rows = drop_repeated_page_lines(rows)
     if not rows and damage:
         raise ExtractionError("corrupt", f"the PDF is damaged and yielded no text ({damage})")
     if not rows:
-        raise ExtractionError("no_text", "the PDF has no text layer (scanned or image-only); OCR is off")
+        why = "OCR found no text either" if cfg.ocr else "OCR is off (extraction.ocr)"
+        raise ExtractionError("no_text", f"the PDF has no text layer (scanned or image-only); {why}")
     return rows
+
+
+def ocr_rows(doc_id: str, data: bytes, cfg: ExtractionConfig) -> list[dict]:
+    """OCR a PDF's pages with tesseract through unstructured's ocr_only strategy."""
+    import io
+    import shutil
+
+    missing = [tool for tool in ("tesseract", "pdftoppm") if shutil.which(tool) is None]
+    if missing:
+        raise ExtractionError("no_text", f"the PDF has no text layer and OCR is on, but {' and '.join(missing)} "
+                              "is not installed (Debian: apt-get install tesseract-ocr poppler-utils)")
+    from unstructured.partition.pdf import partition_pdf
+
+    elements = partition_pdf(file=io.BytesIO(data), strategy="ocr_only", languages=list(cfg.ocr_languages))
+    return [r for i, e in enumerate(elements) if (r := element_row(doc_id, i, e))]
 
 
 def extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig, detect: bool = False) -> Extracted:

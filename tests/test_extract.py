@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from schemas.config import ExtractionConfig
@@ -91,6 +93,26 @@ def test_strict_open_xml_word_files_are_unsupported_not_corrupt(shared_corpora):
     with pytest.raises(ExtractionError) as err:
         extract_document("d", str(shared_corpora / "docx" / "docling" / "Strict.docx"), CFG)
     assert err.value.reason == "unsupported" and "Strict Open XML" in err.value.message
+
+
+SCANNED = "pdf_no_text_layer/ocrmypdf__francais.pdf"  # a scanned page of French text
+
+
+@pytest.mark.skipif(shutil.which("tesseract") is None or shutil.which("pdftoppm") is None,
+                    reason="tesseract and poppler are not installed (.ci/run installs them)")
+def test_scanned_pdf_is_read_with_ocr_when_enabled(shared_corpora):
+    with pytest.raises(ExtractionError, match="OCR is off"):
+        extract_document("d", str(shared_corpora / "bad" / SCANNED), CFG)
+    result = extract_document("d", str(shared_corpora / "bad" / SCANNED), ExtractionConfig(ocr=True))
+    assert "vieux whisky au juge blond" in " ".join(e["text"] for e in result.elements)
+    assert {e["page"] for e in result.elements} == {1}
+
+
+def test_ocr_without_tesseract_says_what_to_install(shared_corpora, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ExtractionError, match="tesseract and pdftoppm is not installed") as err:
+        extract_document("d", str(shared_corpora / "bad" / SCANNED), ExtractionConfig(ocr=True))
+    assert err.value.reason == "no_text"
 
 
 def test_missing_file_is_unreadable(tmp_path):
