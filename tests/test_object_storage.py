@@ -117,3 +117,12 @@ def test_run_artifacts_can_live_in_a_bucket(s3, write_config, tmp_path, corpus):
     assert not (tmp_path / "runs").exists(), "nothing written to a local artifact folder"
     assert search("wind limits for lasers", k=1, config=config)[0].doc_id == "sample:policies/safety-policy.html"
     assert ingest(config_path=str(config))["docs_unchanged"] == 5
+
+
+def test_a_file_uri_folder_is_read_through_fsspec(write_config, tmp_path, corpus):
+    config = write_config(corpus, sources=[{"name": "local", "uri": corpus.as_uri()}])
+    first = ingest(config_path=str(config))
+    assert first["docs_new"] == 5 and first["docs_quarantined"] == 0
+    hit = search("surplus of 1,530 euros", k=1, config=config)[0]
+    assert hit.doc_id == "local:reports/regatta-report-2025.pdf" and hit.citation.uri.startswith("file://")
+    assert ingest(config_path=str(config))["docs_unchanged"] == 5
