@@ -7,6 +7,7 @@
 - Whitespace: trailing spaces and runs of blank lines.
 - PDFs: lines that repeat at the top or bottom of most pages (running headers, footers, page
   numbers) are dropped.
+- HTML: the page's content landmark is kept, navigation and page furniture dropped.
 
 Fenced code blocks are never changed: a shortcode or `!!!` inside one is part of the example.
 """
@@ -170,3 +171,53 @@ def drop_repeated_page_lines(rows: list[dict], edge: int = 2, share: float = 0.5
     drop = {id(r) for page_rows in pages.values() for r in page_rows[:edge] + page_rows[-edge:]
             if _furniture_key(r["text"]) in repeated}
     return [r for r in rows if id(r) not in drop]
+
+
+# Page furniture, not content: navigation, site headers and footers, sidebars, forms' buttons, hidden parts.
+_BOILERPLATE = (
+    "//nav|//aside|//script|//style|//noscript|//template|//button|//dialog"
+    "|//*[@role='navigation' or @role='banner' or @role='contentinfo' or @role='complementary' or @role='search']"
+    "|//*[@aria-hidden='true' or @hidden]"
+    "|//header[not(ancestor::article) and not(ancestor::main) and not(.//h1)]"  # a page header holding the h1 is the
+    "|//footer[not(ancestor::article) and not(ancestor::main)]"  # article's own, not the site's
+)
+
+
+# ids and class names that mark navigation and page furniture (whole words, or joined by - or _).
+_FURNITURE_NAME = re.compile(
+    r"(?:^|[\s_-])(?:nav|navbar|navigation|menu|sidebar|breadcrumbs?|footer|cookies?|cookie-banner|toc|"
+    r"table-of-contents|skip-link|site-header|pagination)(?:$|[\s_-])", re.IGNORECASE)
+
+
+def clean_html(text: str) -> str:
+    """Keep a page's content: its <main> (or its largest <article>) without navigation, sidebars and footers.
+
+    Pages without such landmarks keep their whole body minus the furniture. Unparseable markup is
+    returned as it came, for unstructured's own lenient parser.
+    """
+    import lxml.etree
+    import lxml.html
+
+    try:
+        root = lxml.html.document_fromstring(text)
+    except (lxml.etree.ParserError, ValueError):
+        return text
+    # A "skip to content" link names the content's id: the most reliable landmark on pages without <main>.
+    skip_targets = [a.get("href")[1:] for a in root.xpath("//a[starts-with(@href, '#')]")
+                    if re.match(r"\s*skip\b", a.text_content(), re.IGNORECASE) and len(a.get("href")) > 1]
+    for element in root.xpath(_BOILERPLATE):
+        if element.getparent() is not None:
+            element.drop_tree()
+    total = len(root.text_content())
+    for element in root.xpath("//*[@id or @class]"):
+        names = f"{element.get('id', '')} {element.get('class', '')}"
+        # Class names lie (a "sidebar-layout" wrapper may hold the article): only small parts go by name.
+        if (element.getparent() is not None and element.tag not in {"html", "body"} and _FURNITURE_NAME.search(names)
+                and len(element.text_content()) < 0.25 * total):
+            element.drop_tree()
+    candidates = (root.xpath("//main|//*[@role='main']") or root.xpath("//article")
+                  or [el for t in skip_targets for el in root.xpath("//*[@id=$id]", id=t)])
+    content = max(candidates, key=lambda el: len(el.text_content())) if candidates else root
+    if not content.text_content().strip():
+        return text  # nothing but furniture: better the whole page than nothing
+    return lxml.html.tostring(content, encoding="unicode")

@@ -6,6 +6,7 @@ import hashlib
 import json
 import mimetypes
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -56,6 +57,13 @@ def metadata_fields(src: SourceConfig, rel: str = "") -> dict:
 _GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE  # ** spans folders, {md,txt} alternatives
 
 
+def path_filter(include: tuple[str, ...], exclude: tuple[str, ...]) -> Callable[[str], bool]:
+    """Return a test of relative paths: matched by an include pattern and by no exclude pattern."""
+    wanted = wcglob.compile(include, flags=_GLOB_FLAGS)
+    unwanted = wcglob.compile(exclude, flags=_GLOB_FLAGS) if exclude else None
+    return lambda rel: bool(wanted.match(rel)) and not (unwanted and unwanted.match(rel))
+
+
 def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...],
                    outside: list[str] | None = None) -> list[tuple[str, Path]]:
     """Return (relative posix path, path) of files under root matched by include and not by exclude, sorted.
@@ -63,8 +71,7 @@ def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...
     Symlinked folders are not followed; a symlinked file is taken only when it resolves inside root,
     so no link can lead the crawl elsewhere. Links that would are named in outside.
     """
-    wanted = wcglob.compile(include, flags=_GLOB_FLAGS)
-    unwanted = wcglob.compile(exclude, flags=_GLOB_FLAGS) if exclude else None
+    taken = path_filter(include, exclude)
     real_root = root.resolve()
     out = []
     # os.walk does not follow symlinked folders, and is several times faster than Path.glob here.
@@ -74,7 +81,7 @@ def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...
         prefix = base.relative_to(root).as_posix()
         for name in filenames:
             rel = name if prefix == "." else f"{prefix}/{name}"
-            if not wanted.match(rel) or (unwanted and unwanted.match(rel)):
+            if not taken(rel):
                 continue
             path = base / name
             if path.is_symlink() and not path.resolve().is_relative_to(real_root):
@@ -184,8 +191,7 @@ def list_objects(src: SourceConfig) -> Listed:
     except Exception as exc:  # noqa: BLE001 - any listing failure (credentials, network, bucket) is reported
         return Listed(failure=f"{src.uri} could not be listed ({type(exc).__name__}: {exc})"[:500])
     protocol = src.uri.split("://", 1)[0]
-    wanted = wcglob.compile(src.include, flags=_GLOB_FLAGS)
-    unwanted = wcglob.compile(src.exclude, flags=_GLOB_FLAGS) if src.exclude else None
+    taken = path_filter(src.include, src.exclude)
     prefix = root.rstrip("/") + "/"
     rows, refused = [], []
     for key, info in sorted(found.items()):
@@ -195,7 +201,7 @@ def list_objects(src: SourceConfig) -> Listed:
         if ".." in rel.split("/"):
             refused.append(rel)
             continue
-        if not wanted.match(rel) or (unwanted and unwanted.match(rel)):
+        if not taken(rel):
             continue
         etag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
         uri = f"{protocol}://{key}"

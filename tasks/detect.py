@@ -175,10 +175,10 @@ def detect_stage(listing_path: str, known: pa.Table, settings_fp: str, cfg: Inle
     Sources held by the mass-deletion guard keep their vanished documents, unless allow_deletions.
     """
     listing = read_artifact(listing_path, LISTING_SCHEMA)
-    held = held_deletions(listing, known, failed_sources or {}, {s.name: s.max_delete_share for s in cfg.sources})
+    failed_sources = failed_sources or {}
+    held = held_deletions(listing, known, failed_sources, {s.name: s.max_delete_share for s in cfg.sources})
     notices = [f"source '{name}': nothing deleted, because {why}; run with --allow-deletions to delete anyway"
                for name, why in held.items() if not allow_deletions]
-    failed_sources = failed_sources or {}
     notices += [f"source '{name}': listing failed: {why}" for name, why in failed_sources.items() if name not in held]
     documents = classify_documents(
         listing, known, settings_fp,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import json
 import multiprocessing
 import multiprocessing.context
 import re
@@ -21,7 +19,13 @@ from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
 from tasks.artifacts import read_artifact, write_artifact
-from tasks.clean import clean_markdown, drop_repeated_page_lines
+from tasks.clean import clean_html, clean_markdown, drop_repeated_page_lines
+from tasks.metadata import (
+    detect_language,
+    front_matter_metadata,
+    html_metadata,
+    merged_metadata,
+)
 from tasks.progress import stage_progress
 from tasks.spacy_fallback import NOTICE, real_model_installed
 from tasks.stage import stage
@@ -41,85 +45,6 @@ class Extracted:
     title: str | None
     content_hash: str
     metadata: dict = field(default_factory=dict)
-
-
-# --- document metadata -----------------------------------------------------------------------
-
-_FREE_FIELDS = ("description", "author", "date")  # front matter scalars kept as free (filterable) fields
-
-
-def _iso_language(value: object) -> str | None:
-    """'en-US', 'EN', 'en_GB' -> 'en'; anything else -> None."""
-    if not isinstance(value, str):
-        return None
-    code = re.split(r"[-_]", value.strip())[0].lower()
-    return code if re.fullmatch(r"[a-z]{2,3}", code) else None
-
-
-def front_matter_metadata(front: dict) -> dict:
-    """Pick what Inlet keeps from front matter: tags (tags/keywords), language, and a few free fields."""
-    meta: dict[str, object] = {}
-    tags = front.get("tags", front.get("keywords"))
-    if isinstance(tags, str):
-        tags = [t.strip() for t in tags.split(",")]
-    if isinstance(tags, list):
-        meta["tags"] = [str(t) for t in tags if isinstance(t, (str, int, float)) and str(t).strip()]
-    language = _iso_language(front.get("language", front.get("lang")))
-    if language:
-        meta["language"] = language
-    for key in _FREE_FIELDS:
-        value = front.get(key)
-        if isinstance(value, (str, int, float, bool)) or hasattr(value, "isoformat"):
-            meta[key] = value.isoformat() if hasattr(value, "isoformat") else value
-    return meta
-
-
-def html_metadata(text: str) -> dict:
-    """Read <html lang>, <meta name=description|author|keywords> from a page's head."""
-    head = text[:65536]
-    meta: dict[str, object] = {}
-    lang = re.search(r"<html\b[^>]*?\blang\s*=\s*[\"']?([\w-]+)", head, re.IGNORECASE)
-    if lang and _iso_language(lang.group(1)):
-        meta["language"] = _iso_language(lang.group(1))
-    import html as html_lib
-
-    for name in ("description", "author", "keywords"):
-        found = re.search(rf"<meta\b[^>]*?\bname\s*=\s*[\"']{name}[\"'][^>]*?\bcontent\s*=\s*\"([^\"]*)\"", head,
-                          re.IGNORECASE)
-        if found and found.group(1).strip():
-            value = " ".join(html_lib.unescape(found.group(1)).split())
-            if name == "keywords":
-                meta["tags"] = [t.strip() for t in value.split(",") if t.strip()]
-            else:
-                meta[name] = value
-    return meta
-
-
-@functools.cache
-def _language_identifier() -> object:
-    """py3langid's model, loaded once per process (~0.6 s): 97 languages, ~0.5 ms per document."""
-    from py3langid.langid import MODEL_FILE, LanguageIdentifier
-
-    return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-
-
-def detect_language(rows: list[dict], sample_chars: int = 2000) -> str | None:
-    """Guess a document's language from its prose (code left out); None when unsure (below 0.9)."""
-    sample: list[str] = []
-    size = 0
-    for row in rows:
-        if row["kind"] in {"code", "table"}:
-            continue
-        text = re.sub(r"```.*?```", " ", row["text"], flags=re.DOTALL) if row["kind"] == "markdown" else row["text"]
-        sample.append(text)
-        size += len(text)
-        if size >= sample_chars:
-            break
-    text = " ".join(sample)[:sample_chars]
-    if len(text.strip()) < 40:
-        return None
-    language, confidence = _language_identifier().classify(text)
-    return language if confidence >= 0.9 else None
 
 
 # --- decoding and sniffing ------------------------------------------------------------------
@@ -210,8 +135,8 @@ def sniff_kind(data: bytes, suffix: str) -> str:
         return ".html"
     if suffix in {".html", ".htm", ".xml"}:
         return ".html" if suffix == ".htm" else suffix
-    if suffix in _TEXT_SUFFIXES or suffix not in _BINARY_SUFFIXES:
-        return ".txt"  # decoded later: undecodable bytes become decode_error
+    if suffix not in _BINARY_SUFFIXES:
+        return ".txt"  # decoded later: undecodable bytes become decode_error (unsupported if not named as text)
     raise ExtractionError("unsupported", f"no extractor for '{suffix}' files")
 
 
@@ -301,56 +226,6 @@ def _html_title(text: str) -> str | None:
     import html
 
     return " ".join(html.unescape(match.group(1)).split()) or None
-
-
-# Page furniture, not content: navigation, site headers and footers, sidebars, forms' buttons, hidden parts.
-_BOILERPLATE = (
-    "//nav|//aside|//script|//style|//noscript|//template|//button|//dialog"
-    "|//*[@role='navigation' or @role='banner' or @role='contentinfo' or @role='complementary' or @role='search']"
-    "|//*[@aria-hidden='true' or @hidden]"
-    "|//header[not(ancestor::article) and not(ancestor::main) and not(.//h1)]"  # a page header holding the h1 is the
-    "|//footer[not(ancestor::article) and not(ancestor::main)]"  # article's own, not the site's
-)
-
-
-# ids and class names that mark navigation and page furniture (whole words, or joined by - or _).
-_FURNITURE_NAME = re.compile(
-    r"(?:^|[\s_-])(?:nav|navbar|navigation|menu|sidebar|breadcrumbs?|footer|cookies?|cookie-banner|toc|"
-    r"table-of-contents|skip-link|site-header|pagination)(?:$|[\s_-])", re.IGNORECASE)
-
-
-def clean_html(text: str) -> str:
-    """Keep a page's content: its <main> (or its largest <article>) without navigation, sidebars and footers.
-
-    Pages without such landmarks keep their whole body minus the furniture. Unparseable markup is
-    returned as it came, for unstructured's own lenient parser.
-    """
-    import lxml.etree
-    import lxml.html
-
-    try:
-        root = lxml.html.document_fromstring(text)
-    except (lxml.etree.ParserError, ValueError):
-        return text
-    # A "skip to content" link names the content's id: the most reliable landmark on pages without <main>.
-    skip_targets = [a.get("href")[1:] for a in root.xpath("//a[starts-with(@href, '#')]")
-                    if re.match(r"\s*skip\b", a.text_content(), re.IGNORECASE) and len(a.get("href")) > 1]
-    for element in root.xpath(_BOILERPLATE):
-        if element.getparent() is not None:
-            element.drop_tree()
-    total = len(root.text_content())
-    for element in root.xpath("//*[@id or @class]"):
-        names = f"{element.get('id', '')} {element.get('class', '')}"
-        # Class names lie (a "sidebar-layout" wrapper may hold the article): only small parts go by name.
-        if (element.getparent() is not None and element.tag not in {"html", "body"} and _FURNITURE_NAME.search(names)
-                and len(element.text_content()) < 0.25 * total):
-            element.drop_tree()
-    candidates = (root.xpath("//main|//*[@role='main']") or root.xpath("//article")
-                  or [el for t in skip_targets for el in root.xpath("//*[@id=$id]", id=t)])
-    content = max(candidates, key=lambda el: len(el.text_content())) if candidates else root
-    if not content.text_content().strip():
-        return text  # nothing but furniture: better the whole page than nothing
-    return lxml.html.tostring(content, encoding="unicode")
 
 
 _XML_DECLARATION = re.compile(r"\A\s*<\?xml[^>]*\?>")
@@ -573,13 +448,6 @@ _PARTITIONERS = ["unstructured.partition.pdf", "unstructured.partition.docx", "u
                  "unstructured.partition.xml", "unstructured.partition.text"]
 
 
-def _start_worker() -> None:
-    """Prepare an extraction worker: the offline spaCy stand-in, when the real model is missing."""
-    from tasks.spacy_fallback import install_fallback_if_needed
-
-    install_fallback_if_needed()
-
-
 def _worker_context() -> multiprocessing.context.BaseContext:
     """A forkserver that has imported the partitioners once, so each new worker starts in milliseconds.
 
@@ -601,7 +469,7 @@ class ExtractionPool:
         import pebble
 
         self._cfg = cfg
-        self._pool = pebble.ProcessPool(max_workers=cfg.workers, initializer=_start_worker, context=_worker_context())
+        self._pool = pebble.ProcessPool(max_workers=cfg.workers, context=_worker_context())
 
     def submit(self, doc_id: str, path: str, detect: bool = False, storage_options: dict | None = None) -> object:
         """Schedule one document; its time limit starts when a worker picks it up."""
@@ -646,18 +514,6 @@ def _in_process(doc: dict) -> bool:
 # --- stage ----------------------------------------------------------------------------------------
 
 
-def merged_metadata(doc: dict, own: dict) -> dict:
-    """A document's language, tags and free fields: its own (front matter, page, detection) merged with its source's.
-
-    The source's language wins over a detected one but not over one the document states; tags are
-    the union; the source's free fields win over the document's.
-    """
-    language = own.get("language") or doc.get("language") or own.get("detected_language")
-    tags = list(dict.fromkeys([*(doc.get("tags") or []), *own.get("tags", [])]))
-    extra = {**{k: own[k] for k in _FREE_FIELDS if k in own}, **json.loads(doc.get("extra") or "{}")}
-    return {"language": language, "tags": tags, "extra": json.dumps(extra, sort_keys=True)}
-
-
 def _quarantined(doc: dict, exc: ExtractionError) -> dict:
     return {"doc_id": doc["doc_id"], "title": None, "status": "quarantined", "reason": exc.reason,
             "message": exc.message, "content_hash": doc["content_hash"]}
@@ -670,17 +526,19 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig, advance: Calla
     storage maps a source name to its fsspec options, for documents on object storage.
     """
     storage = storage or {}
+    limit = cfg.max_file_mb * 1024 * 1024
     todo = documents.filter(pa.compute.is_in(documents["change"], pa.array(["new", "changed"]))).to_pylist()
-    pool = ExtractionPool(cfg) if any(not _in_process(d) for d in todo) else None
+    pooled = [d for d in todo if d["size"] <= limit and not _in_process(d)]
+    pool = ExtractionPool(cfg) if pooled else None
     try:
         # Detection only where neither the source nor (later) the document says which language it is in.
         futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"], d["language"] is None, storage.get(d["source"]))
-                   for d in todo if not _in_process(d) and d["size"] <= cfg.max_file_mb * 1024 * 1024}
+                   for d in pooled}
         elements: list[dict] = []
         extracted: list[dict] = []
         for doc in todo:
             try:
-                if doc["size"] > cfg.max_file_mb * 1024 * 1024:
+                if doc["size"] > limit:  # listed sizes: web pages and objects have no file to stat
                     raise ExtractionError("too_large", f"{doc['size']} bytes is over the {cfg.max_file_mb:g} MB limit")
                 future = futures.get(doc["doc_id"])
                 result = (pool.result(future) if future
@@ -710,7 +568,7 @@ def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str,
     todo = [d for d in documents.select(["path", "member", "change"]).to_pylist() if d["change"] in ("new", "changed")]
     notice = None
     if any(not _in_process(d) for d in todo) and not real_model_installed():
-        notice = NOTICE  # the workers install the stand-in pipeline (see _start_worker)
+        notice = NOTICE  # the workers install the stand-in pipeline (see _partition)
     with stage_progress("extract", len(todo)) as advance:
         elements, extracted = extract_documents(documents, cfg, advance, storage)
     failed = extracted.filter(pa.compute.equal(extracted["status"], "quarantined"))

@@ -12,7 +12,8 @@ from flows.ingest import ingest
 from query import search
 from schemas.config import ExtractionConfig, load_config
 from schemas.errors import ConfigError
-from tasks.extract import detect_language, extract_document
+from tasks.extract import extract_document
+from tasks.metadata import detect_language
 
 FRACTIONS = textwrap.dedent("""\
     ---

@@ -1,0 +1,95 @@
+"""A document's own metadata: front matter, HTML head, detected language, merged with its source's."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+_FREE_FIELDS = ("description", "author", "date")  # front matter scalars kept as free (filterable) fields
+
+
+def _iso_language(value: object) -> str | None:
+    """'en-US', 'EN', 'en_GB' -> 'en'; anything else -> None."""
+    if not isinstance(value, str):
+        return None
+    code = re.split(r"[-_]", value.strip())[0].lower()
+    return code if re.fullmatch(r"[a-z]{2,3}", code) else None
+
+
+def front_matter_metadata(front: dict) -> dict:
+    """Pick what Inlet keeps from front matter: tags (tags/keywords), language, and a few free fields."""
+    meta: dict[str, object] = {}
+    tags = front.get("tags", front.get("keywords"))
+    if isinstance(tags, str):
+        tags = [t.strip() for t in tags.split(",")]
+    if isinstance(tags, list):
+        meta["tags"] = [str(t) for t in tags if isinstance(t, (str, int, float)) and str(t).strip()]
+    language = _iso_language(front.get("language", front.get("lang")))
+    if language:
+        meta["language"] = language
+    for key in _FREE_FIELDS:
+        value = front.get(key)
+        if isinstance(value, (str, int, float, bool)) or hasattr(value, "isoformat"):
+            meta[key] = value.isoformat() if hasattr(value, "isoformat") else value
+    return meta
+
+
+def html_metadata(text: str) -> dict:
+    """Read <html lang>, <meta name=description|author|keywords> from a page's head."""
+    head = text[:65536]
+    meta: dict[str, object] = {}
+    lang = re.search(r"<html\b[^>]*?\blang\s*=\s*[\"']?([\w-]+)", head, re.IGNORECASE)
+    if lang and _iso_language(lang.group(1)):
+        meta["language"] = _iso_language(lang.group(1))
+    import html as html_lib
+
+    for name in ("description", "author", "keywords"):
+        found = re.search(rf"<meta\b[^>]*?\bname\s*=\s*[\"']{name}[\"'][^>]*?\bcontent\s*=\s*\"([^\"]*)\"", head,
+                          re.IGNORECASE)
+        if found and found.group(1).strip():
+            value = " ".join(html_lib.unescape(found.group(1)).split())
+            if name == "keywords":
+                meta["tags"] = [t.strip() for t in value.split(",") if t.strip()]
+            else:
+                meta[name] = value
+    return meta
+
+
+@functools.cache
+def _language_identifier() -> object:
+    """py3langid's model, loaded once per process (~0.6 s): 97 languages, ~0.5 ms per document."""
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+
+
+def detect_language(rows: list[dict], sample_chars: int = 2000) -> str | None:
+    """Guess a document's language from its prose (code left out); None when unsure (below 0.9)."""
+    sample: list[str] = []
+    size = 0
+    for row in rows:
+        if row["kind"] in {"code", "table"}:
+            continue
+        text = re.sub(r"```.*?```", " ", row["text"], flags=re.DOTALL) if row["kind"] == "markdown" else row["text"]
+        sample.append(text)
+        size += len(text)
+        if size >= sample_chars:
+            break
+    text = " ".join(sample)[:sample_chars]
+    if len(text.strip()) < 40:
+        return None
+    language, confidence = _language_identifier().classify(text)
+    return language if confidence >= 0.9 else None
+
+
+def merged_metadata(doc: dict, own: dict) -> dict:
+    """A document's language, tags and free fields: its own (front matter, page, detection) merged with its source's.
+
+    The source's language wins over a detected one but not over one the document states; tags are
+    the union; the source's free fields win over the document's.
+    """
+    language = own.get("language") or doc.get("language") or own.get("detected_language")
+    tags = list(dict.fromkeys([*(doc.get("tags") or []), *own.get("tags", [])]))
+    extra = {**{k: own[k] for k in _FREE_FIELDS if k in own}, **json.loads(doc.get("extra") or "{}")}
+    return {"language": language, "tags": tags, "extra": json.dumps(extra, sort_keys=True)}
