@@ -346,7 +346,11 @@ def ocr_rows(doc_id: str, data: bytes, cfg: ExtractionConfig) -> list[dict]:
                               "is not installed (Debian: apt-get install tesseract-ocr poppler-utils)")
     from unstructured.partition.pdf import partition_pdf
 
-    elements = partition_pdf(file=io.BytesIO(data), strategy="ocr_only", languages=list(cfg.ocr_languages))
+    try:
+        elements = partition_pdf(file=io.BytesIO(data), strategy="ocr_only", languages=list(cfg.ocr_languages))
+    except Exception as exc:  # a missing language pack, an image tesseract cannot read: this document only
+        raise ExtractionError("no_text", f"the PDF has no text layer and OCR failed ({type(exc).__name__}: "
+                              f"{exc})"[:500]) from exc
     return [r for i, e in enumerate(elements) if (r := element_row(doc_id, i, e))]
 
 

@@ -82,3 +82,16 @@ def test_query_and_quality_settings_that_cannot_work_are_refused_naming_the_file
 def test_vector_mode_needs_no_fulltext_index(tmp_path):
     path = _write(tmp_path, "sources: [{name: docs, path: .}]\nquery: {fulltext_index: false, mode: vector}\n")
     assert load_config(path).query.mode == "vector"
+
+
+@pytest.mark.parametrize(("source", "error"), [
+    ("{name: w, kind: web}", r"sources\.0: .*needs `urls` or a `sitemap`"),
+    ("{name: w, kind: web, urls: [ftp://x/a]}", r"sources\.0: .*'ftp://x/a' is not an http\(s\) URL"),
+    ("{name: b, kind: bundle}", r"sources\.0: .*a bundle source needs `path`"),
+    ("{name: f, path: ., uri: 's3://b/p'}", r"sources\.0: .*`path` or `uri`, not both"),
+    ("{name: f, uri: bucket/prefix}", r"sources\.0: .*'bucket/prefix' is not a URI"),
+])
+def test_sources_that_say_nothing_readable_are_refused_naming_the_file_and_key(tmp_path, source, error):
+    path = _write(tmp_path, f"sources: [{source}]\n")
+    with pytest.raises(ConfigError, match=rf"{path}: {error}"):
+        load_config(path)

@@ -8,7 +8,8 @@ import pytest
 
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
-from tasks.extract import clean_html, decode_text, extract_document, split_front_matter
+from tasks.clean import clean_html
+from tasks.extract import decode_text, extract_document, split_front_matter
 from tasks.spacy_fallback import (
     NOTICE,
     install_fallback_if_needed,
@@ -106,6 +107,15 @@ def test_scanned_pdf_is_read_with_ocr_when_enabled(shared_corpora):
     result = extract_document("d", str(shared_corpora / "bad" / SCANNED), ExtractionConfig(ocr=True))
     assert "vieux whisky au juge blond" in " ".join(e["text"] for e in result.elements)
     assert {e["page"] for e in result.elements} == {1}
+
+
+@pytest.mark.skipif(shutil.which("tesseract") is None or shutil.which("pdftoppm") is None,
+                    reason="tesseract and poppler are not installed (.ci/run installs them)")
+def test_ocr_that_fails_quarantines_the_document_and_says_why(shared_corpora):
+    # Debian's tesseract-ocr brings the English pack only: Japanese cannot load.
+    with pytest.raises(ExtractionError, match="OCR failed") as err:
+        extract_document("d", str(shared_corpora / "bad" / SCANNED), ExtractionConfig(ocr=True, ocr_languages=("jpn",)))
+    assert err.value.reason == "no_text"
 
 
 def test_ocr_without_tesseract_says_what_to_install(shared_corpora, monkeypatch):
