@@ -9,23 +9,29 @@ from pathlib import Path
 
 from prefect import flow
 
+from flows.runners import make_task_runner
 from providers.embedders import embedder_spec, resolve_embedding
 from providers.enrichers import resolve_enrichment
 from providers.keys import use_secret_block
-from schemas.config import InletConfig, load_config
-from tasks.artifacts import is_remote, join, use_storage_options
-from tasks.chunk import chunk_stage
+from schemas.arrow import DOCUMENTS_SCHEMA
+from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig, load_config
+from tasks.artifacts import is_remote, join, read_artifact, use_storage_options
+from tasks.batch import (
+    IndexPlan,
+    batch_stage,
+    merge_usage,
+    merge_validation,
+    plan_batches,
+    write_batch_documents,
+)
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
-from tasks.embed import embed_stage
-from tasks.enrich import enrich_stage
-from tasks.extract import extract_stage
-from tasks.load import upsert_stage
-from tasks.quality import validate_stage
-from tasks.refresh import refresh_stage
+from tasks.extract import close_pools
+from tasks.failpoints import failpoint
+from tasks.load import Writer
+from tasks.progress import stage_progress
 from tasks.report import report_stage
 from tasks.store import connect, known_documents, writer_lock
-from tasks.variants import extraction_todo_stage, for_variant_stage
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
@@ -69,9 +75,11 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     A source whose listing fails, comes back empty or shrinks past its max_delete_share deletes
     nothing and the run says so, unless allow_deletions.
 
-    With index variants, the crawl and the extraction are shared; each variant then detects its own
-    changes, chunks, enriches, embeds and commits to its own tables. The summary is the main
-    index's, with each variant's under "variants".
+    The documents that need work are cut into batches (execution.batch_docs) that run on the
+    configured task runner; one writer in this flow commits finished batches in groups and publishes
+    the run's last version to readers at the end. With index variants, the crawl and each batch's
+    extraction are shared; each variant then chunks, enriches, embeds and commits to its own tables.
+    The summary is the main index's, with each variant's under "variants".
     """
     begin = time.perf_counter()
     cfg = load_config(config_path)
@@ -88,71 +96,100 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         enrichment, enrich_notice = resolve_enrichment(vcfg.enrichment)
         vcfg = vcfg.model_copy(update={"embedding": embedding, "enrichment": enrichment})
         notices = [n for n in (key_notice, enrich_notice, *unpriced_models(vcfg)) if n]
-        variants.append((name, vcfg, run_dir if name is None else f"{run_dir}/{name}", notices))
+        vdir = run_dir if name is None else f"{run_dir}/{name}"
+        variants.append((IndexPlan(name, vcfg, vdir, _jobs_dir(vcfg)), notices))
 
     # One writer at a time: a second run against this store is refused (or waits) before it reads anything.
     with writer_lock(cfg.store.uri, run_id, cfg.store.lock_wait_s):
         # The main index's documents give web pages their validators (ETag) for conditional requests.
         known_main = known_documents(connect(store), cfg.store.documents_table)
         listing, failed_sources, crawl_notices = clock.run("crawl", crawl_stage, cfg, run_dir, known_main)
+        failpoint("crawled")
         detected = []
-        for name, vcfg, vdir, notices in variants:
-            suffix = "" if name is None else f" {name}"
-            settings_fp = clock.run("fingerprint" + suffix, settings_fingerprint, vcfg)
-            known = clock.run("read state" + suffix, known_documents, connect(store), vcfg.store.documents_table)
-            if name is None:
+        for plan, notices in variants:
+            suffix = _suffix(plan)
+            settings_fp = clock.run("fingerprint" + suffix, settings_fingerprint, plan.cfg)
+            known = clock.run("read state" + suffix, known_documents, connect(store), plan.cfg.store.documents_table)
+            if plan.name is None:
                 refuse_unindexed_failures(config_path, cfg, failed_sources, known)
-            documents, detect_notices = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp, vcfg,
-                                                  vdir, retry_quarantined, failed_sources, allow_deletions)
+            documents, detect_notices = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp,
+                                                  plan.cfg, plan.run_dir, retry_quarantined, failed_sources,
+                                                  allow_deletions)
             notices.extend([*crawl_notices, *detect_notices])
             detected.append((settings_fp, documents))
-        todo = detected[0][1] if len(variants) == 1 else clock.run(
-            "plan extraction", extraction_todo_stage, [d for _, d in detected], run_dir)
+        failpoint("detected")
+        plans = [plan for plan, _ in variants]
+        per_index = [read_artifact(documents, DOCUMENTS_SCHEMA) for _, documents in detected]
+        batches = clock.run("plan batches", plan_batches, per_index, cfg.execution.batch_docs, cfg.execution.batch_mb)
+        write_batch_documents(per_index, plans, batches)
+        del per_index  # the batches read their own share
+        writers = [Writer(store, documents, commit_rows=cfg.execution.commit_rows,
+                          chunks_table=plan.cfg.store.chunks_table, documents_table=plan.cfg.store.documents_table,
+                          dim=embedder_spec(plan.cfg.embedding).dim, settings_fp=settings_fp, run_id=run_id,
+                          now=started) for plan, (settings_fp, documents) in zip(plans, detected)]
         storage = {s.name: s.storage_options for s in cfg.sources if s.uri is not None}
         # Web pages are fetched into the artifact folder: workers read them back with its options.
         storage |= {s.name: cfg.store.artifacts_options for s in cfg.sources if s.kind == "web"}
-        elements, extracted, extract_notices = clock.run("extract", extract_stage, todo, cfg.extraction, run_dir,
-                                                         storage)
+        done = clock.run("batches", _run_batches, cfg.execution, cfg.extraction, batches, run_dir, plans, storage,
+                         writers)
+        clock.seconds.update(done["seconds"])
 
         summaries = []
-        for (name, vcfg, vdir, notices), (settings_fp, documents) in zip(variants, detected):
-            v_elements, v_extracted = (elements, extracted) if len(variants) == 1 else clock.run(
-                f"select {name or 'main'}", for_variant_stage, elements, extracted, documents, vdir)
-            summaries.append(_index(vcfg, name, documents, v_elements, v_extracted, settings_fp, run_id, vdir, started,
-                                    clock, [*notices, *extract_notices]))
+        for (plan, notices), (_, documents), writer, work in zip(variants, detected, writers, done["indexes"]):
+            cfg_i = plan.cfg
+            loaded = writer.finish(fulltext_index=cfg_i.query.fulltext_index, ann_min_rows=cfg_i.query.ann_min_rows)
+            clock.seconds.update({k + _suffix(plan): round(v, 3) for k, v in writer.seconds.items()})
+            key = "ingest-run-summary" + ("" if plan.name is None else f"-{plan.name}")
+            summaries.append(report_stage(
+                documents, work["extracted"], work["texts"], loaded, usage=work["usage"], store_uri=store,
+                run_id=run_id, started=started, finished=datetime.now(UTC), config_fp=cfg_i.fingerprint(),
+                stage_seconds=dict(clock.seconds), notices=[*notices, *done["notices"]], run_dir=plan.run_dir,
+                runs_table=cfg_i.store.runs_table, validation=work["validation"], artifact_key=key))
         summary = summaries[0]
         if len(summaries) > 1:
-            summary["variants"] = {name: s for (name, *_), s in zip(variants[1:], summaries[1:])}
+            summary["variants"] = {plan.name: s for (plan, _), s in zip(variants[1:], summaries[1:])}
         # The flow body alone; Prefect's own run set-up and teardown come on top of this.
         return {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}
 
 
-def _index(cfg: InletConfig, name: str | None, documents: str, elements: str, extracted: str, settings_fp: str,
-           run_id: str, run_dir: str, started: datetime, clock: _StageClock, notices: list[str]) -> dict:
-    """Chunk, enrich, embed, commit and report one index (the main one or a variant)."""
-    store, table, dim = str(cfg.store.uri), cfg.store.chunks_table, embedder_spec(cfg.embedding).dim
-    # Open Gemini batch jobs are a small local ledger: beside the store when artifacts live on object storage.
-    jobs = str(cfg.store.uri.parent / BATCH_JOBS_DIR) if is_remote(cfg.store.artifacts) else join(
-        cfg.store.artifacts, BATCH_JOBS_DIR)
-    suffix = "" if name is None else f" {name}"
-    chunks = clock.run("chunk" + suffix, chunk_stage, elements, cfg.chunking, run_dir)
-    # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.
-    chunks, extracted = clock.run("refresh" + suffix, refresh_stage, documents, chunks, extracted, store, table,
-                                  run_dir)
-    enriched = clock.run("enrich" + suffix, enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store,
-                         table, run_dir, jobs)
-    embedded = clock.run("embed" + suffix, embed_stage, enriched["path"], extracted, cfg.embedding, cfg.enrichment,
-                         cfg.pricing, store, table, run_dir, jobs)
-    # Data-quality gates: quarantine what fails a `quarantine` check, stop before committing on a `fail` check.
-    gated = clock.run("validate" + suffix, validate_stage, documents, elements, extracted, embedded["path"],
-                      cfg.quality, cfg.chunking.max_tokens, dim, run_dir)
-    extracted = gated["extracted"]
-    loaded = clock.run("upsert" + suffix, upsert_stage, documents, extracted, gated["embedded"], store_uri=store,
-                       chunks_table=table, dim=dim, settings_fp=settings_fp, run_id=run_id, now=started,
-                       fulltext_index=cfg.query.fulltext_index, ann_min_rows=cfg.query.ann_min_rows,
-                       documents_table=cfg.store.documents_table)
-    return report_stage(documents, extracted, gated["embedded"], loaded, usage=enriched["usage"] | embedded["usage"],
-                        dim=dim, store_uri=store, run_id=run_id, started=started, finished=datetime.now(UTC),
-                        config_fp=cfg.fingerprint(), stage_seconds=dict(clock.seconds), notices=notices,
-                        run_dir=run_dir, runs_table=cfg.store.runs_table, validation=gated["validation"],
-                        artifact_key="ingest-run-summary" + ("" if name is None else f"-{name}"))
+def _suffix(plan: IndexPlan) -> str:
+    return "" if plan.name is None else f" {plan.name}"
+
+
+def _jobs_dir(cfg: InletConfig) -> str:
+    """Open Gemini batch jobs are a small local ledger: beside the store when artifacts live on object storage."""
+    if is_remote(cfg.store.artifacts):
+        return str(cfg.store.uri.parent / BATCH_JOBS_DIR)
+    return join(cfg.store.artifacts, BATCH_JOBS_DIR)
+
+
+def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batches: list[list[str]], run_dir: str,
+                 plans: list[IndexPlan], storage: dict[str, dict], writers: list[Writer]) -> dict:
+    """Run every batch on the task runner; hand each finished batch to the writers in order; return the totals."""
+    totals = {"indexes": [{"extracted": [], "texts": {}, "usage": {}, "validation": []} for _ in plans],
+              "notices": [], "seconds": {}}
+    if not batches:
+        return totals
+    try:
+        with make_task_runner(execution) as runner, \
+                stage_progress("batches", sum(len(b) for b in batches)) as advance:
+            futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": extraction,
+                                                   "plans": plans, "storage": storage})
+                       for n in range(len(batches))]
+            # In batch order, so that commits (and what a crash leaves) do not depend on which worker was first.
+            for n, future in enumerate(futures):
+                done = future.result()
+                for writer, total, result in zip(writers, totals["indexes"], done["indexes"]):
+                    writer.add(result)
+                    total["extracted"].append(result["extracted"])
+                    total["texts"] = merge_usage(total["texts"], result["texts"])
+                    total["usage"] = merge_usage(total["usage"], result["usage"])
+                    total["validation"] = merge_validation(total["validation"], result["validation"])
+                totals["notices"].extend(x for x in done["notices"] if x not in totals["notices"])
+                totals["seconds"] = merge_usage(totals["seconds"], done["seconds"])
+                advance(len(batches[n]))
+    finally:
+        close_pools()  # extraction workers started by batches in this process
+    # Stage seconds are summed over batches: with several workers they add up to more than the wall time.
+    totals["seconds"] = {k: round(v, 3) for k, v in totals["seconds"].items()}
+    return totals

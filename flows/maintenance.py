@@ -16,7 +16,9 @@ from tasks.maintain import (
     compact_stage,
     index_stage,
     integrity_stage,
+    published_at_latest,
     repair_stage,
+    republish,
 )
 from tasks.store import writer_lock
 
@@ -73,6 +75,8 @@ def maintenance(config_path: str = str(DEFAULT_CONFIG), retention_days: float | 
 def _maintain(store: str, pairs: list[tuple[str, str, int]], cfg: InletConfig, retention: float, repair: bool,
               now: datetime) -> dict:
     tables = compact_stage(store, retention, now)
+    # Readers stay on the published version; where it is the latest, it follows the index refresh and repairs.
+    current = published_at_latest(store, [chunks for chunks, _, _ in pairs])
     indexes = index_stage(store, [chunks for chunks, _, _ in pairs], cfg.query.fulltext_index,
                           cfg.query.ann_min_rows)
     findings = integrity_stage(store, pairs)
@@ -81,6 +85,7 @@ def _maintain(store: str, pairs: list[tuple[str, str, int]], cfg: InletConfig, r
         repaired = repair_stage(store, findings, pairs)
         indexes = index_stage(store, [chunks for chunks, _, _ in pairs], cfg.query.fulltext_index,
                               cfg.query.ann_min_rows)
+    republish(store, current)
     create_markdown_artifact(key="maintenance-findings", markdown=findings_markdown(tables, findings, repaired),
                              description="Inlet maintenance: compaction, pruning, integrity")
     get_run_logger().info("maintenance: %d integrity findings%s", findings.num_rows,

@@ -15,6 +15,7 @@ import lancedb
 
 from providers.embedders import Embedder, query_embedder
 from providers.keys import use_secret_block
+from schemas.arrow import PUBLISHED_TAG
 from schemas.config import ACCESS_LEVELS, InletConfig, QueryConfig, load_config
 from schemas.errors import EmbedderMismatchError, QueryError, StoreError
 
@@ -411,7 +412,7 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
     allowed = clearance_clause(clearance)
     filters = where_clause(where)
     store = str(cfg.store.uri)
-    table, version = _current_table(cfg, as_of)
+    table, version, pinned = _published_table(cfg, as_of)
 
     def run(table: lancedb.table.Table, version: int) -> SearchResults:
         # Everything that depends on the table version is decided here, against the version read.
@@ -438,7 +439,34 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
             notices += [f"nothing matched the filters ({filters}); these results ignore them", *more]
         return SearchResults(_with_neighbors(table, hits, neighbors), notices)
 
-    return _in_one_version(cfg, table, version, as_of is not None, run)
+    return _in_one_version(cfg, table, version, pinned, run)
+
+
+def _published_table(cfg: InletConfig, as_of: int | str | datetime | None) -> tuple[lancedb.table.Table, int, bool]:
+    """Return the table to search, its version and whether it is pinned: as_of, else the published version.
+
+    A run commits in groups and moves the published tag to its last version when it is done, so a search
+    during a run reads the previous run's version, never part of the one in progress. A table that was
+    never published (written by hand) is read at its latest version.
+    """
+    table, version = _current_table(cfg, as_of)
+    if as_of is not None:
+        return table, version, True
+    try:
+        published = table.tags.get_version(PUBLISHED_TAG)
+    except (RuntimeError, ValueError):  # no such tag: the table was not written by a run
+        return table, version, False
+    if published == version:
+        return table, version, False
+    return _pinned(str(cfg.store.uri), cfg.store.chunks_table, published), published, True
+
+
+@functools.lru_cache(maxsize=4)
+def _pinned(uri: str, name: str, version: int) -> lancedb.table.Table:
+    """A table object checked out at one version, kept while readers keep asking for it."""
+    table = _connect(uri).open_table(name)
+    table.checkout(version)
+    return table
 
 
 def _in_one_version(cfg: InletConfig, table: lancedb.table.Table, version: int, pinned: bool,
@@ -446,7 +474,7 @@ def _in_one_version(cfg: InletConfig, table: lancedb.table.Table, version: int, 
     """Run a search's reads (sides, row fetches, neighbours) against one table version, even while runs commit.
 
     The cached table reads the latest version on every call; if a run committed between the first and
-    the last read, the search is read again from a table object pinned to the version now current.
+    the last read, the search is read again from a table object pinned to the version it began with.
     """
     if pinned:  # nothing can move in a pinned version: rows that cannot be read are an error
         try:
@@ -460,8 +488,7 @@ def _in_one_version(cfg: InletConfig, table: lancedb.table.Table, version: int, 
             return out
     except _RowsMoved:
         pass
-    now = table.version
-    return _in_one_version(cfg, _open_chunks(cfg, now), now, True, run)
+    return _in_one_version(cfg, _pinned(str(cfg.store.uri), cfg.store.chunks_table, version), version, True, run)
 
 
 def warm(config: InletConfig | str | Path = DEFAULT_CONFIG, variant: str | None = None) -> None:

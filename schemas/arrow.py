@@ -144,6 +144,9 @@ QUARANTINE_SCHEMA = pa.schema([
 
 # Appended to a document's settings fingerprint while some of its chunks lack their enrichment,
 # so that the next run takes the document up again and asks only for the missing ones.
+# The chunks table's tag readers follow: moved to a run's last version when the run is done, so queries never
+# see a run half committed. A table without it (written by hand) is read at its latest version.
+PUBLISHED_TAG = "published"
 ENRICHMENT_PENDING = "+enrichment-pending"
 # The detect reason of an unchanged document whose stored chunks are re-enriched without re-chunking.
 REFRESH_ENRICHMENT = "enrichment"

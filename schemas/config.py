@@ -412,6 +412,32 @@ class StoreConfig(_Strict):
                                "other run).")
 
 
+class ExecutionConfig(_Strict):
+    """How a run's work is cut into batches and where the batches run."""
+
+    batch_docs: int = Field(500, ge=1, description="Documents per batch: extract, chunk, enrich and embed run one "
+                            "batch at a time per worker, so memory follows the batch size, not the corpus.")
+    batch_mb: float = Field(64.0, gt=0, description="A batch closes early once its documents' bytes reach this.")
+    commit_rows: int = Field(50_000, ge=1, description="The writer commits to LanceDB once this many chunk rows "
+                             "have come in (chunks, then their documents): a run makes a handful of table "
+                             "versions, and a crash loses at most this much finished model work.")
+    task_runner: Literal["thread", "process", "dask"] = Field(
+        "thread", description="thread: batches in threads of the run's process (model calls overlap the CPU "
+        "work); process: in worker processes of this machine (CPU-bound extraction and chunking in parallel); "
+        "dask: on a Dask cluster through prefect-dask.")
+    workers: int = Field(2, ge=1, le=256, description="Batches processed at once (threads, processes or, for a "
+                         "local Dask cluster, its worker processes).")
+    dask_address: str | None = Field(None, description="Scheduler of an existing Dask cluster (tcp://host:8786); "
+                                     "none starts a local cluster of `workers` processes for the run.")
+
+    @model_validator(mode="after")
+    def _address_needs_dask(self) -> ExecutionConfig:
+        if self.dask_address is not None and self.task_runner != "dask":
+            msg = "dask_address is only read with task_runner: dask"
+            raise ValueError(msg)
+        return self
+
+
 class VariantConfig(_Strict):
     """An index variant: settings that differ from the main index; each variant gets its own tables."""
 
@@ -435,6 +461,7 @@ class InletConfig(_Strict):
     api_key_block: str | None = Field(None, description="Prefect Secret block holding the Gemini API key, read "
                                       "when neither GEMINI_API_KEY nor GOOGLE_API_KEY is set.")
     store: StoreConfig = Field(default_factory=StoreConfig)
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     variants: dict[str, VariantConfig] = Field(
         default_factory=dict, description="Named index variants built from the same extracted documents, each "
         "in tables <chunks_table>__<name> and documents__<name>, e.g. header-only vs merged sections.")

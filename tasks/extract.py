@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import multiprocessing
 import multiprocessing.context
 import re
+import threading
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -497,6 +499,43 @@ class ExtractionPool:
         self._pool.join()
 
 
+_POOLS: dict[ExtractionConfig, ExtractionPool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def shared_pool(cfg: ExtractionConfig) -> ExtractionPool:
+    """Return this process's extraction pool for cfg, started on first use.
+
+    Batches running in threads of one process share it: the workers' start-up (importing the
+    partitioners, seconds) is paid once per process, not once per batch.
+    """
+    with _POOLS_LOCK:
+        if cfg not in _POOLS:
+            if not _POOLS:
+                atexit.register(close_pools)
+            _POOLS[cfg] = ExtractionPool(cfg)
+        return _POOLS[cfg]
+
+
+def close_pools() -> None:
+    """Stop every extraction pool of this process (the run's end; at exit in worker processes)."""
+    with _POOLS_LOCK:
+        pools = list(_POOLS.values())
+        _POOLS.clear()
+    for pool in pools:
+        pool.close()
+
+
+def can_start_workers() -> bool:
+    """Tell whether this process may start extraction workers: a daemonic one (a Dask worker by default) may not."""
+    return not multiprocessing.current_process().daemon
+
+
+IN_PROCESS_NOTICE = ("this worker process is daemonic (Dask's default, distributed.worker.daemon): non-Markdown "
+                     "documents were extracted in it, without extraction.timeout_s. Start Dask workers with "
+                     "--no-nanny or distributed.worker.daemon: false to keep the time limit")
+
+
 def _in_process(doc: dict) -> bool:
     """Markdown is read in the run's own process: no partitioner to hang, and no worker start-up to pay.
 
@@ -532,34 +571,31 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig, advance: Calla
     storage = storage or {}
     limit = cfg.max_file_mb * 1024 * 1024
     todo = documents.filter(pa.compute.is_in(documents["change"], pa.array(["new", "changed"]))).to_pylist()
-    pooled = [d for d in todo if d["size"] <= limit and not _in_process(d)]
-    pool = ExtractionPool(cfg) if pooled else None
-    try:
-        # Detection only where neither the source nor (later) the document says which language it is in.
-        futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"], d["language"] is None, storage.get(d["source"]))
-                   for d in pooled}
-        elements: list[dict] = []
-        extracted: list[dict] = []
-        for doc in todo:
-            try:
-                if doc["size"] > limit:  # listed sizes: web pages and objects have no file to stat
-                    raise ExtractionError("too_large", f"{doc['size']} bytes is over the {cfg.max_file_mb:g} MB limit")
-                future = futures.get(doc["doc_id"])
-                result = (pool.result(future) if future
-                          else extract_document(doc["doc_id"], doc["path"], cfg, doc.get("member"),
-                                                doc["language"] is None, storage.get(doc["source"])))
-            except ExtractionError as exc:
-                extracted.append(_quarantined(doc, exc))
-            else:
-                elements.extend(result.elements)
-                extracted.append({"doc_id": doc["doc_id"], "title": result.title, "status": "ok",
-                                  "reason": None, "message": None, "content_hash": result.content_hash,
-                                  **merged_metadata(doc, result.metadata)})
-            if advance is not None:
-                advance(1)
-    finally:
-        if pool is not None:
-            pool.close()
+    # A daemonic process cannot have children: it extracts everything itself (the stage says so).
+    pooled = [d for d in todo if d["size"] <= limit and not _in_process(d)] if can_start_workers() else []
+    pool = shared_pool(cfg) if pooled else None
+    # Detection only where neither the source nor (later) the document says which language it is in.
+    futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"], d["language"] is None, storage.get(d["source"]))
+               for d in pooled}
+    elements: list[dict] = []
+    extracted: list[dict] = []
+    for doc in todo:
+        try:
+            if doc["size"] > limit:  # listed sizes: web pages and objects have no file to stat
+                raise ExtractionError("too_large", f"{doc['size']} bytes is over the {cfg.max_file_mb:g} MB limit")
+            future = futures.get(doc["doc_id"])
+            result = (pool.result(future) if future
+                      else extract_document(doc["doc_id"], doc["path"], cfg, doc.get("member"),
+                                            doc["language"] is None, storage.get(doc["source"])))
+        except ExtractionError as exc:
+            extracted.append(_quarantined(doc, exc))
+        else:
+            elements.extend(result.elements)
+            extracted.append({"doc_id": doc["doc_id"], "title": result.title, "status": "ok",
+                              "reason": None, "message": None, "content_hash": result.content_hash,
+                              **merged_metadata(doc, result.metadata)})
+        if advance is not None:
+            advance(1)
     return (pa.Table.from_pylist(elements, schema=ELEMENTS_SCHEMA),
             pa.Table.from_pylist(extracted, schema=EXTRACTED_SCHEMA))
 
@@ -570,9 +606,12 @@ def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str,
     """Extract new and changed documents; write elements and extracted artifacts."""
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
     todo = [d for d in documents.select(["path", "member", "change"]).to_pylist() if d["change"] in ("new", "changed")]
-    notice = None
-    if any(not _in_process(d) for d in todo) and not real_model_installed():
-        notice = NOTICE  # the workers install the stand-in pipeline (see _partition)
+    notices = []
+    if any(not _in_process(d) for d in todo):
+        if not real_model_installed():
+            notices.append(NOTICE)  # the workers install the stand-in pipeline (see _partition)
+        if not can_start_workers():
+            notices.append(IN_PROCESS_NOTICE)
     with stage_progress("extract", len(todo)) as advance:
         elements, extracted = extract_documents(documents, cfg, advance, storage)
     failed = extracted.filter(pa.compute.equal(extracted["status"], "quarantined"))
@@ -581,5 +620,4 @@ def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str,
     for row in failed.to_pylist():
         logger.warning("quarantined %s: %s: %s", row["doc_id"], row["reason"], row["message"])
     return (write_artifact(elements, run_dir, "elements", ELEMENTS_SCHEMA),
-            write_artifact(extracted, run_dir, "extracted", EXTRACTED_SCHEMA),
-            [notice] if notice else [])
+            write_artifact(extracted, run_dir, "extracted", EXTRACTED_SCHEMA), notices)

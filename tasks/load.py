@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
@@ -16,6 +17,7 @@ from schemas.arrow import (
     DOCUMENTS_SCHEMA,
     ENRICHMENT_PENDING,
     EXTRACTED_SCHEMA,
+    PUBLISHED_TAG,
     QUARANTINE_SCHEMA,
     chunk_rows_schema,
     conform,
@@ -24,6 +26,7 @@ from schemas.arrow import (
 from schemas.errors import EmbedderMismatchError
 from tasks.artifacts import read_artifact
 from tasks.enrich import failed_mask
+from tasks.failpoints import failpoint
 from tasks.stage import stage
 from tasks.store import (
     DOCUMENTS,
@@ -243,10 +246,15 @@ def _ids(table: pa.Table, mask: pa.ChunkedArray) -> list[str]:
     return table.filter(mask)["doc_id"].to_pylist()
 
 
-def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extracted: pa.Table,
-         embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime,
-         fulltext_index: bool = True, ann_min_rows: int = 100_000, documents_table: str = DOCUMENTS) -> LoadResult:
-    """Commit one run: chunks, then documents, then the quarantine list; tag the chunks version."""
+def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extracted: pa.Table,
+                 embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime,
+                 documents_table: str = DOCUMENTS) -> LoadResult:
+    """Commit one group of batches: chunks, then their documents' rows (the commit marker), then quarantine rows.
+
+    documents holds the rows this group settles: the batches' documents, and in a run's last group the
+    deleted and touched ones too. A crash between two commits leaves chunks whose document row still
+    carries the old hash: the next run does those documents again and converges.
+    """
     known = known_documents(db, documents_table)
     documents = with_own_metadata(documents, extracted)
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
@@ -254,34 +262,110 @@ def load(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extra
     rows = chunk_rows(embedded, documents, extracted, run_id, dim)
     result = LoadResult()
     chunks_version = commit_chunks(db, chunks_table, rows, ok + deleted, dim, result)
+    failpoint("chunks-committed")
     doc_rows = document_rows(documents, extracted, embedded, known, settings_fp, run_id, now)
     docs_version = commit_documents(db, doc_rows, deleted, documents_table)
+    failpoint("documents-committed")
     quarantined = quarantine_rows(documents, extracted, run_id, now)
     result.docs_quarantined = quarantined.num_rows
     q_version = upsert_keyed(db, QUARANTINE, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
-    table = open_table(db, chunks_table)
-    if table is not None:
-        # Before the tag, so that the run's tagged version carries current indexes.
-        result.indexes = refresh_indexes(table, fulltext=fulltext_index, ann_min_rows=ann_min_rows)
-        chunks_version = table.version
-        tag_version(table, run_id)
     result.versions = {k: v for k, v in {chunks_table: chunks_version, documents_table: docs_version,
                                          QUARANTINE: q_version}.items() if v is not None}
     return result
 
 
+def publish(table: lancedb.table.Table, run_id: str) -> None:
+    """Tag the table's current version with the run id and point readers at it (the published tag)."""
+    tag_version(table, run_id)
+    if PUBLISHED_TAG in table.tags.list():
+        table.tags.update(PUBLISHED_TAG, table.version)
+    else:
+        table.tags.create(PUBLISHED_TAG, table.version)
+
+
+def _settled(documents: pa.Table, ids: list[str], last: bool) -> pa.Table:
+    """The documents rows a commit group settles: its batches' documents, plus deleted and touched ones at the end."""
+    mask = pc.is_in(documents["doc_id"], pa.array(ids, pa.string()))
+    if last:
+        touched = pc.and_(pc.equal(documents["change"], "unchanged"), pc.equal(documents["reason"], "touched"))
+        mask = pc.or_(pc.or_(mask, pc.equal(documents["change"], "deleted")), pc.fill_null(touched, False))
+    return documents.filter(mask)
+
+
 @stage("upsert")
-def upsert_stage(documents_path: str, extracted_path: str, embedded_path: str, *, store_uri: str,
-                 chunks_table: str, dim: int, settings_fp: str, run_id: str, now: datetime,
-                 fulltext_index: bool = True, ann_min_rows: int = 100_000, documents_table: str = DOCUMENTS) -> dict:
-    """Commit the run's chunks and documents to LanceDB."""
-    result = load(
-        connect(store_uri), chunks_table,
-        read_artifact(documents_path, DOCUMENTS_SCHEMA), read_artifact(extracted_path, EXTRACTED_SCHEMA),
-        read_artifact(embedded_path, embedded_chunks_schema(dim)),
-        dim=dim, settings_fp=settings_fp, run_id=run_id, now=now, fulltext_index=fulltext_index,
-        ann_min_rows=ann_min_rows, documents_table=documents_table,
-    )
+def upsert_stage(store_uri: str, documents_path: str, extracted_paths: list[str], embedded_paths: list[str], *,
+                 last: bool, chunks_table: str, documents_table: str, dim: int, settings_fp: str, run_id: str,
+                 now: datetime) -> dict:
+    """Commit a group of finished batches (the last group also commits deletions) to LanceDB."""
+    schema = embedded_chunks_schema(dim)
+    extracted = (pa.concat_tables([read_artifact(p, EXTRACTED_SCHEMA) for p in extracted_paths])
+                 if extracted_paths else EXTRACTED_SCHEMA.empty_table())
+    embedded = (pa.concat_tables([read_artifact(p, schema) for p in embedded_paths])
+                if embedded_paths else schema.empty_table())
+    documents = _settled(read_artifact(documents_path, DOCUMENTS_SCHEMA), extracted["doc_id"].to_pylist(), last)
+    result = commit_group(connect(store_uri), chunks_table, documents, extracted, embedded, dim=dim,
+                          settings_fp=settings_fp, run_id=run_id, now=now, documents_table=documents_table)
     get_run_logger().info("chunks: %d added, %d removed, %d reused, %d rows written", result.chunks_added,
                           result.chunks_removed, result.chunks_reused, result.chunks_written)
+    failpoint("group-committed")
     return asdict(result)
+
+
+@stage("publish")
+def publish_stage(store_uri: str, chunks_table: str, run_id: str, *, fulltext_index: bool, ann_min_rows: int) -> dict:
+    """Bring the chunks table's indexes up to date, then tag the version and publish it to readers."""
+    table = open_table(connect(store_uri), chunks_table)
+    if table is None:
+        return {"indexes": {}, "version": None}
+    # Before the tag, so that the run's tagged version carries current indexes.
+    indexes = refresh_indexes(table, fulltext=fulltext_index, ann_min_rows=ann_min_rows)
+    failpoint("indexed")
+    publish(table, run_id)
+    failpoint("published")
+    return {"indexes": indexes, "version": table.version}
+
+
+class Writer:
+    """The run's one writer for one index: finished batches come in, commits go out in groups of commit_rows.
+
+    A run so makes a handful of table versions whatever its number of batches, holds at most one group in
+    memory, and a crash loses at most one group of finished model work. Readers see none of it until
+    finish() publishes the run's last version.
+    """
+
+    def __init__(self, store_uri: str, documents_path: str, *, commit_rows: int, chunks_table: str,
+                 documents_table: str, dim: int, settings_fp: str, run_id: str, now: datetime) -> None:
+        self._store, self._documents, self._commit_rows = store_uri, documents_path, commit_rows
+        self._args = {"chunks_table": chunks_table, "documents_table": documents_table, "dim": dim,
+                      "settings_fp": settings_fp, "run_id": run_id, "now": now}
+        self._pending: list[dict] = []
+        self.result = LoadResult()
+        self.seconds = {"upsert": 0.0, "publish": 0.0}
+
+    def add(self, batch: dict) -> None:
+        """Take a finished batch ({extracted, embedded, rows}); commit the group once it holds commit_rows rows."""
+        self._pending.append(batch)
+        if sum(b["rows"] for b in self._pending) >= self._commit_rows:
+            self._commit(last=False)
+
+    def _commit(self, *, last: bool) -> None:
+        start = time.perf_counter()
+        done = upsert_stage(self._store, self._documents, [b["extracted"] for b in self._pending],
+                            [b["embedded"] for b in self._pending], last=last, **self._args)
+        self._pending = []
+        for name in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written", "docs_quarantined"):
+            setattr(self.result, name, getattr(self.result, name) + done[name])
+        self.result.versions.update(done["versions"])
+        self.seconds["upsert"] += time.perf_counter() - start
+
+    def finish(self, *, fulltext_index: bool, ann_min_rows: int) -> dict:
+        """Commit the last group with the run's deletions, refresh indexes, tag and publish; return the totals."""
+        self._commit(last=True)
+        start = time.perf_counter()
+        published = publish_stage(self._store, self._args["chunks_table"], self._args["run_id"],
+                                  fulltext_index=fulltext_index, ann_min_rows=ann_min_rows)
+        self.seconds["publish"] = time.perf_counter() - start
+        self.result.indexes = published["indexes"]
+        if published["version"] is not None:
+            self.result.versions[self._args["chunks_table"]] = published["version"]
+        return asdict(self.result)

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.arrow import PUBLISHED_TAG
 from tasks.load import refresh_indexes
 from tasks.stage import stage
 from tasks.store import connect, open_table, sql_list, table_names
@@ -21,6 +22,7 @@ FINDINGS_SCHEMA = pa.schema([
     pa.field("detail", pa.string(), nullable=False),
 ])
 CHECKS = ("orphan_chunk", "document_without_chunks", "chunk_count_mismatch", "bad_vector", "unindexed_rows")
+_FOREVER = timedelta(days=36_500)  # optimize() without pruning
 _VECTOR_BATCH = 20_000  # vectors checked at a time: memory stays flat however large the table
 
 
@@ -29,10 +31,33 @@ def _aware(moment: datetime) -> datetime:
 
 
 def expired_tags(tags: dict[str, dict], versions: list[dict], cutoff: datetime) -> list[str]:
-    """Name the tags on versions older than cutoff (or on versions already gone): they would block pruning."""
+    """Name the run tags on versions older than cutoff (or on versions already gone): they would block pruning.
+
+    The published tag is never one of them: readers follow it, and compaction moves it along.
+    """
     stamps = {v["version"]: _aware(v["timestamp"]) for v in versions}
-    return sorted(name for name, tag in tags.items()
-                  if tag["version"] not in stamps or stamps[tag["version"]] < cutoff)
+    return sorted(name for name, tag in tags.items() if name != PUBLISHED_TAG
+                  and (tag["version"] not in stamps or stamps[tag["version"]] < cutoff))
+
+
+def published_at_latest(store_uri: str, chunks_tables: list[str]) -> list[str]:
+    """Name the chunks tables whose published tag is on their latest version (nothing unpublished after it)."""
+    db = connect(store_uri)
+    found = []
+    for name in chunks_tables:
+        table = open_table(db, name)
+        if table is not None and table.tags.list().get(PUBLISHED_TAG, {}).get("version") == table.version:
+            found.append(name)
+    return found
+
+
+def republish(store_uri: str, chunks_tables: list[str]) -> None:
+    """Move the published tag of these tables to their latest version: maintenance changed files, not runs' rows."""
+    db = connect(store_uri)
+    for name in chunks_tables:
+        table = open_table(db, name)
+        if table is not None:
+            table.tags.update(PUBLISHED_TAG, table.version)
 
 
 def _finding(table: str, check: str, detail: str, doc_id: str | None = None, chunk_id: str | None = None) -> dict:
@@ -93,12 +118,24 @@ def compact_stage(store_uri: str, retention_days: float, now: datetime) -> dict[
     for name in sorted(table_names(db)):
         table = db.open_table(name)
         before = _shape(table)
-        dropped = expired_tags(table.tags.list(), table.list_versions(), cutoff)
+        tags = table.tags.list()
+        dropped = expired_tags(tags, table.list_versions(), cutoff)
         for tag in dropped:  # a tagged version cannot be pruned: the tag goes with the version it keeps
             table.tags.delete(tag)
+        published = tags.get(PUBLISHED_TAG, {}).get("version")
+        at_latest = published == table.version
+        stamps = {v["version"]: _aware(v["timestamp"]) for v in table.list_versions()}
+        # Readers still need a published version that is not the latest (a run committed after it and did not
+        # finish): past the cutoff, nothing is pruned until the next run publishes.
+        kept = (f"version {published} is still the published one: versions were not pruned"
+                if published is not None and not at_latest and stamps.get(published, now) < cutoff else None)
+        if at_latest:  # the tag would block pruning its version; readers see the same rows at the latest meanwhile
+            table.tags.delete(PUBLISHED_TAG)
         # Compaction, pruning of versions older than the cutoff, and folding new rows into the indexes.
-        table.optimize(cleanup_older_than=timedelta(days=retention_days))
-        out[name] = {"before": before, "after": _shape(table), "tags_removed": dropped}
+        table.optimize(cleanup_older_than=_FOREVER if kept else timedelta(days=retention_days))
+        if at_latest:  # same rows, fewer files: readers move on to the compacted version
+            table.tags.create(PUBLISHED_TAG, table.version)
+        out[name] = {"before": before, "after": _shape(table), "tags_removed": dropped, **({"kept": kept} if kept else {})}
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -14,6 +15,18 @@ _bars: Progress | None = None  # set by terminal_bars(): the CLI's ingest shows 
 _ARTIFACT_EVERY_S = 2.0  # at most one progress update to the API this often (and at the end)
 
 Advance = Callable[[int], None]
+# Inside a batch the stages stay quiet: the run shows one "batches" bar and artifact, not one per stage and batch.
+_quiet: ContextVar[bool] = ContextVar("inlet_quiet_progress", default=False)
+
+
+@contextmanager
+def quiet_stages() -> Iterator[None]:
+    """Silence stage_progress while the block runs (a batch's stages)."""
+    token = _quiet.set(True)
+    try:
+        yield
+    finally:
+        _quiet.reset(token)
 
 
 @contextmanager
@@ -53,7 +66,7 @@ def _artifact(stage: str, total: int) -> Callable[[float], None] | None:
 @contextmanager
 def stage_progress(stage: str, total: int) -> Iterator[Advance]:
     """Yield advance(n) for a stage over total items: it moves the stage's Prefect progress artifact and bar."""
-    if total <= 0:
+    if total <= 0 or _quiet.get():
         yield lambda n: None
         return
     update = _artifact(stage, total)

@@ -17,10 +17,10 @@ from schemas.arrow import (
     RUN_COUNTS,
     RUN_USAGE,
     RUNS_SCHEMA,
-    embedded_chunks_schema,
 )
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.enrich import failed_enrichments
+from tasks.failpoints import failpoint
 from tasks.refresh import refresh_ids
 from tasks.stage import stage
 from tasks.store import RUNS, connect, ensure_columns, open_table
@@ -38,7 +38,13 @@ def total_usage(usage: dict) -> dict:
     return out
 
 
-def summarize_run(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, load: dict,
+def text_counts(embedded: pa.Table) -> dict[str, int]:
+    """Count a batch's model work: texts enriched and embedded now, truncated by the model, enrichment failed."""
+    return {"texts_enriched": _true(embedded["enriched_now"]), "texts_embedded": _true(embedded["embedded_now"]),
+            "texts_truncated": _true(embedded["truncated"]), "texts_enrich_failed": failed_enrichments(embedded)}
+
+
+def summarize_run(documents: pa.Table, extracted: pa.Table, texts: dict[str, int], load: dict,
                   usage: dict | None = None) -> dict:
     """Count what the run did, stage by stage, and what its model calls cost."""
     changes = {c: 0 for c in ("new", "changed", "unchanged", "deleted")}
@@ -50,10 +56,7 @@ def summarize_run(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, 
         "docs_quarantined": len(failed),
         "docs_refreshed": len(refresh_ids(documents)),
         **{k: load[k] for k in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written")},
-        "texts_enriched": _true(embedded["enriched_now"]),
-        "texts_embedded": _true(embedded["embedded_now"]),
-        "texts_truncated": _true(embedded["truncated"]),
-        "texts_enrich_failed": failed_enrichments(embedded),
+        **{k: texts.get(k, 0) for k in ("texts_enriched", "texts_embedded", "texts_truncated", "texts_enrich_failed")},
         **total_usage(usage or {}),
         "quarantined": [{"doc_id": f["doc_id"], "reason": f["reason"], "message": f["message"]} for f in failed],
     }
@@ -108,18 +111,19 @@ def quarantine_markdown(quarantined: list[dict], notices: list[str], validation:
 
 
 @stage("report")
-def report_stage(documents_path: str, extracted_path: str, embedded_path: str, load: dict, *, usage: dict, dim: int,
+def report_stage(documents_path: str, extracted_paths: list[str], texts: dict[str, int], load: dict, *, usage: dict,
                  store_uri: str, run_id: str, started: datetime, finished: datetime, config_fp: str,
                  stage_seconds: dict[str, float], notices: list[str], run_dir: str, runs_table: str = RUNS,
                  artifact_key: str = "ingest-run-summary", validation: list[dict] | None = None) -> dict:
     """Append the run to the runs table, write it as the run artifact and return the run summary."""
-    summary = summarize_run(read_artifact(documents_path, DOCUMENTS_SCHEMA),
-                            read_artifact(extracted_path, EXTRACTED_SCHEMA),
-                            read_artifact(embedded_path, embedded_chunks_schema(dim)), load, usage)
+    extracted = (pa.concat_tables([read_artifact(p, EXTRACTED_SCHEMA) for p in extracted_paths])
+                 if extracted_paths else EXTRACTED_SCHEMA.empty_table())
+    summary = summarize_run(read_artifact(documents_path, DOCUMENTS_SCHEMA), extracted, texts, load, usage)
     row = runs_row(summary, run_id=run_id, started=started, finished=finished, status="completed",
                    config_fp=config_fp, stage_seconds=stage_seconds, versions=load["versions"], notices=notices)
     write_artifact(row, run_dir, "run", RUNS_SCHEMA)
     open_runs_table(connect(store_uri), runs_table).add(row)
+    failpoint("reported")
     # Shown on the flow run's Artifacts tab; one stable key per artifact keeps the history together.
     create_table_artifact(key=artifact_key, description=f"Inlet run {run_id}",
                           table=summary_table(summary, stage_seconds, load["versions"], run_id))

@@ -41,7 +41,14 @@ def table_names(db: lancedb.DBConnection) -> set[str]:
 
 def open_table(db: lancedb.DBConnection, name: str) -> lancedb.table.Table | None:
     """Open a table, or return None when it does not exist yet."""
-    return db.open_table(name) if name in table_names(db) else None
+    if name not in table_names(db):
+        return None
+    try:
+        return db.open_table(name)
+    except ValueError as exc:
+        if "was not found" not in str(exc):
+            raise
+        return None  # its folder is there but the run's writer has not finished creating it: nothing to read yet
 
 
 def sql_list(values: Iterable[str]) -> str:

@@ -7,9 +7,12 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import providers  # noqa: F401 - offline switches before Prefect loads
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
+
+import providers  # noqa: F401 - offline switches before Prefect loads
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "sample"
@@ -62,3 +65,9 @@ def shared_corpora() -> Path:
     if not CORPORA.is_dir():
         pytest.skip("../shared/corpora is not present")
     return CORPORA
+
+
+def run_artifact(run_dir: Path, name: str) -> pa.Table:
+    """Concatenate one stage's artifact over a run's batches (an empty table when the run had no batch)."""
+    files = sorted(run_dir.glob(f"batches/*/{name}.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files]) if files else pa.table({"doc_id": pa.array([], pa.string())})

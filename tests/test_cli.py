@@ -68,13 +68,13 @@ def test_sweep_weights_are_parsed_or_refused_with_the_expected_form():
             _weights(bad)
 
 
-def test_ingest_shows_a_bar_per_long_stage_and_a_summary_table_or_nothing_when_quiet(corpus, write_config):
+def test_ingest_shows_a_bar_over_the_batches_and_a_summary_table_or_nothing_when_quiet(corpus, write_config):
     config = write_config(corpus)
     shown = _run("ingest", "--config", str(config))
     assert shown.returncode == 0, shown.stderr[-2000:]
-    assert re.search(r"extract\s.*5/5", shown.stderr) and re.search(r"embed\s.*\d+/\d+", shown.stderr)
+    assert re.search(r"batches\s.*5/5", shown.stderr), "documents done, batch by batch"
     assert "docs new" in shown.stdout and "table versions" in shown.stdout
     (corpus / "harbour-faq.txt").write_text("Harbour FAQ\n\nWhere is the crane?\n\nBeside the slipway.\n")
     quiet = _run("ingest", "--quiet", "--config", str(config))
     assert quiet.returncode == 0, quiet.stderr[-2000:]
-    assert quiet.stdout == "" and "| INFO" not in quiet.stderr and not re.search(r"extract\s.*\d+/\d+", quiet.stderr)
+    assert quiet.stdout == "" and "| INFO" not in quiet.stderr and not re.search(r"batches\s.*\d+/\d+", quiet.stderr)

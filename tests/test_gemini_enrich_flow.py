@@ -14,6 +14,7 @@ from query import search
 from schemas.arrow import RUN_USAGE, RUNS_SCHEMA
 from schemas.config import DEFAULT_PRICES, load_config
 from tests.gemini_server import Faults, GeminiServer
+from tests.conftest import run_artifact
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 KEY = "AIza-enrich-key-must-never-leak-42"
@@ -83,8 +84,8 @@ def test_prompt_version_bump_re_enriches_every_chunk_without_re_chunking(write_c
     prompt.write_text(prompt.read_text().replace("version: 1", "version: 2") + "  Mind abbreviations.\n")
     bumped = ingest(config_path=str(config))
     run_dir = Path(load_config(config).store.artifacts) / bumped["run_id"]
-    assert pq.read_table(run_dir / "chunks.parquet").num_rows == 0, "nothing was chunked again"
-    assert pq.read_table(run_dir / "elements.parquet").num_rows == 0, "nothing was extracted again"
+    assert run_artifact(run_dir, "chunks").num_rows == 0, "nothing was chunked again"
+    assert run_artifact(run_dir, "elements").num_rows == 0, "nothing was extracted again"
     assert (bumped["docs_changed"], bumped["docs_new"]) == (0, 0)
     assert bumped["docs_refreshed"] == first["docs_new"] - first["docs_quarantined"]
     assert _generate_calls(server) - calls == bumped["texts_enriched"] == len(before)

@@ -14,6 +14,7 @@ from flows.ingest import ingest
 from providers.embedders import HashingEmbedder
 from query import search
 from schemas.config import load_config
+from tests.conftest import run_artifact
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -86,7 +87,7 @@ def test_edited_paragraph_reembeds_only_the_new_chunk_texts(corpus, write_config
 
     assert (summary["docs_changed"], summary["docs_unchanged"]) == (1, 4)
     run_dir = Path(load_config(config).store.artifacts) / summary["run_id"]
-    assert pq.read_table(run_dir / "extracted.parquet")["doc_id"].to_pylist() == [f"sample:{GUIDE}"]
+    assert run_artifact(run_dir, "extracted")["doc_id"].to_pylist() == [f"sample:{GUIDE}"]
     after = _chunks_by_id(config)
     new_ids = set(after) - set(before)
     assert new_ids and all(after[i]["doc_id"] == f"sample:{GUIDE}" for i in new_ids)

@@ -16,6 +16,7 @@ from query.search import fuse
 from schemas.config import load_config
 from schemas.errors import QueryError
 from tasks.store import FILE_FORMAT
+from tests.conftest import run_artifact
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 SECRET = "The harbour master's safe code is 4471 and the spare keys hang behind the chart table."
@@ -88,7 +89,7 @@ def test_fulltext_finds_a_row_added_after_the_index_was_built(store, corpus):
 def test_as_of_a_run_tag_a_version_or_a_time_reads_the_table_as_it_was(store, corpus):
     cfg = load_config(store)
     table = lancedb.connect(str(cfg.store.uri)).open_table("chunks")
-    first_tag, first_version = next(iter(table.tags.list().items()))
+    first_tag, first_version = next((n, v) for n, v in table.tags.list().items() if n.startswith("run-"))
     first_version = first_version["version"]
     moment = max(v["timestamp"] for v in table.list_versions() if v["version"] == first_version)
     guide = corpus / "guides" / "boat-maintenance.md"
@@ -225,7 +226,7 @@ def test_index_variants_share_one_extraction_and_keep_their_own_tables(corpus, w
     run_dir = Path(load_config(config).store.artifacts) / first["run_id"]
     assert set(first["variants"]) == {"small", "wide"}
     assert first["variants"]["small"]["chunks_added"] > first["chunks_added"] > first["variants"]["wide"]["chunks_added"]
-    assert (run_dir / "extracted.parquet").is_file() and (run_dir / "small" / "elements.parquet").is_file()
+    assert run_artifact(run_dir, "extracted").num_rows and run_artifact(run_dir / "small", "elements").num_rows
     db = lancedb.connect(str(load_config(config).store.uri))
     listed = db.list_tables()
     assert {"chunks", "chunks__small", "chunks__wide", "documents__small", "runs__wide"} <= set(
@@ -240,7 +241,7 @@ def test_index_variants_share_one_extraction_and_keep_their_own_tables(corpus, w
     guide.write_text(guide.read_text().replace("2% hardener", "3% hardener"))
     second = ingest(config_path=str(config))
     assert second["docs_changed"] == 1 and second["variants"]["small"]["docs_changed"] == 1
-    extracted = pq.read_table(Path(load_config(config).store.artifacts) / second["run_id"] / "extracted.parquet")
+    extracted = run_artifact(Path(load_config(config).store.artifacts) / second["run_id"], "extracted")
     assert extracted["doc_id"].to_pylist() == ["sample:guides/boat-maintenance.md"], "extracted once for all"
 
 
@@ -283,4 +284,4 @@ def test_a_search_reads_one_version_while_a_run_commits_between_its_reads(store,
     monkeypatch.setattr(searcher, "_fetch", commit_then_fetch)
     hits = search("gelcoat hardener", k=3, mode="hybrid", config=store)
     assert len(calls) == 2, "read again after the commit"
-    assert hits and {h.text for h in hits} == {"REWRITTEN"}, "every hit from the version now current"
+    assert hits and "REWRITTEN" not in {h.text for h in hits}, "every hit from the published version it began with"

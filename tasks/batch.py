@@ -1,0 +1,174 @@
+"""A run's per-document work in batches: planned in the flow, each batch extracted, chunked, enriched and embedded
+on the task runner, with its own Arrow artifacts under <run>/batches/<n>/."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from providers.embedders import embedder_spec
+from schemas.arrow import DOCUMENTS_SCHEMA, REFRESH_ENRICHMENT, embedded_chunks_schema
+from schemas.config import ExtractionConfig, InletConfig
+from tasks.artifacts import join, read_artifact, use_storage_options, write_artifact
+from tasks.chunk import chunk_stage
+from tasks.embed import embed_stage
+from tasks.enrich import enrich_stage
+from tasks.extract import extract_stage
+from tasks.failpoints import failpoint
+from tasks.progress import quiet_stages
+from tasks.quality import validate_stage
+from tasks.refresh import refresh_stage
+from tasks.report import text_counts
+from tasks.variants import extraction_todo_stage, for_variant_stage
+
+_WORK = pa.array(["new", "changed"])
+# One batch at a time talks to the models in a process: a batch's usage is then exactly its own, and the
+# provider's quota and in-flight bound are shared, not multiplied by the batches running beside it.
+_MODELS = threading.Lock()
+
+
+@dataclass(frozen=True)
+class IndexPlan:
+    """What a batch needs to know about one index: the main one (name None) or a variant."""
+
+    name: str | None
+    cfg: InletConfig
+    run_dir: str  # the index's folder in the run: the run folder, or <run>/<variant>
+    jobs_dir: str  # the Gemini batch-job ledger
+
+
+def batch_dir(index_dir: str, number: int) -> str:
+    """Return the folder of one batch's artifacts for one index."""
+    return join(index_dir, "batches", f"{number:05d}")
+
+
+def needs_work(documents: pa.Table) -> pa.ChunkedArray:
+    """Mask the documents a batch has work for: new or changed ones, and those whose enrichment alone is stale."""
+    refresh = pc.and_(pc.equal(documents["change"], "unchanged"), pc.equal(documents["reason"], REFRESH_ENRICHMENT))
+    return pc.or_(pc.is_in(documents["change"], _WORK), pc.fill_null(refresh, False))
+
+
+def plan_batches(per_index: list[pa.Table], batch_docs: int, batch_mb: float) -> list[list[str]]:
+    """Cut the documents any index has work for into batches of doc ids, in listing order. Pure.
+
+    A batch closes at batch_docs documents or once its listed bytes reach batch_mb; a document larger
+    than that is a batch of its own.
+    """
+    wanted: set[str] = set()
+    for documents in per_index:
+        wanted.update(documents.filter(needs_work(documents))["doc_id"].to_pylist())
+    limit = batch_mb * 1024 * 1024
+    batches: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    seen: set[str] = set()
+    for documents in per_index:  # every index lists the same documents; later ones only add their own deletions
+        for doc_id, nbytes in zip(documents["doc_id"].to_pylist(), documents["size"].to_pylist()):
+            if doc_id not in wanted or doc_id in seen:
+                continue
+            seen.add(doc_id)
+            if current and (len(current) >= batch_docs or size + (nbytes or 0) > limit):
+                batches.append(current)
+                current, size = [], 0
+            current.append(doc_id)
+            size += nbytes or 0
+    if current:
+        batches.append(current)
+    return batches
+
+
+def write_batch_documents(per_index: list[pa.Table], plans: list[IndexPlan], batches: list[list[str]]) -> None:
+    """Write each batch's share of each index's documents table where the batch will read it."""
+    for number, ids in enumerate(batches):
+        value_set = pa.array(ids, pa.string())
+        for documents, plan in zip(per_index, plans):
+            write_artifact(documents.filter(pc.is_in(documents["doc_id"], value_set)),
+                           batch_dir(plan.run_dir, number), "documents", DOCUMENTS_SCHEMA)
+
+
+def _timed(seconds: dict[str, float], name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    start = time.perf_counter()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, shared: bool,
+                 seconds: dict[str, float]) -> dict:
+    """Chunk, enrich, embed and validate one batch for one index; return its artifacts, counts and usage."""
+    cfg, here = plan.cfg, batch_dir(plan.run_dir, number)
+    store, table = str(cfg.store.uri), cfg.store.chunks_table
+    dim = embedder_spec(cfg.embedding).dim
+    documents = join(here, "documents.parquet")
+    timed = _timed if plan.name is None else (
+        lambda seconds, name, *args: _timed(seconds, f"{name} {plan.name}", *args))
+    if shared:  # several indexes: this one takes the documents it reprocesses from the shared extraction
+        elements, extracted = timed(seconds, "select", for_variant_stage, elements, extracted, documents, here)
+    chunks = timed(seconds, "chunk", chunk_stage, elements, cfg.chunking, here)
+    failpoint("batch-chunked")
+    # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.
+    chunks, extracted = timed(seconds, "refresh", refresh_stage, documents, chunks, extracted, store, table, here)
+    with _MODELS:
+        enriched = timed(seconds, "enrich", enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store,
+                          table, here, plan.jobs_dir)
+        failpoint("batch-enriched")
+        embedded = timed(seconds, "embed", embed_stage, enriched["path"], extracted, cfg.embedding, cfg.enrichment,
+                          cfg.pricing, store, table, here, plan.jobs_dir)
+        failpoint("batch-embedded")
+    # Data-quality gates: quarantine what fails a `quarantine` check, stop before committing on a `fail` check.
+    gated = timed(seconds, "validate", validate_stage, documents, elements, extracted, embedded["path"],
+                   cfg.quality, cfg.chunking.max_tokens, dim, here)
+    final = read_artifact(gated["embedded"], embedded_chunks_schema(dim))
+    return {"extracted": gated["extracted"], "embedded": gated["embedded"], "rows": final.num_rows,
+            "texts": text_counts(final), "usage": enriched["usage"] | embedded["usage"],
+            "validation": gated["validation"]}
+
+
+@task(name="batch", task_run_name="batch-{number}", cache_policy=NO_CACHE)
+def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: list[IndexPlan],
+                storage: dict[str, dict]) -> dict:
+    """Extract one batch once, then chunk, enrich, embed and validate it for every index.
+
+    Returns {"indexes": one result per plan, "notices": [...], "seconds": {stage: seconds}}; every table
+    it made is an artifact under the batch's folder, so the batch may run on another machine.
+    """
+    store = plans[0].cfg.store
+    use_storage_options(store.artifacts, store.artifacts_options)  # a worker process starts without them
+    seconds: dict[str, float] = {}
+    with quiet_stages():
+        here = batch_dir(run_dir, number)
+        documents = [join(batch_dir(p.run_dir, number), "documents.parquet") for p in plans]
+        todo = documents[0] if len(plans) == 1 else extraction_todo_stage(documents, here)
+        elements, extracted, notices = _timed(seconds, "extract", extract_stage, todo, extraction, here, storage)
+        failpoint("batch-extracted")
+        results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, seconds) for plan in plans]
+    failpoint("batch-validated")
+    return {"indexes": results, "notices": notices, "seconds": seconds}
+
+
+def merge_usage(total: dict, more: dict) -> dict:
+    """Add one batch's model usage (calls, tokens, dollars) to the run's."""
+    return {k: total.get(k, 0) + more.get(k, 0) for k in total.keys() | more.keys()}
+
+
+def merge_validation(total: list[dict], more: list[dict]) -> list[dict]:
+    """Add one batch's check outcomes to the run's: rows and failures summed, failing documents listed."""
+    by_check = {(r["artifact"], r["check"]): r for r in total}
+    for row in more:
+        key = (row["artifact"], row["check"])
+        if key in by_check:
+            seen = by_check[key]
+            by_check[key] = {**seen, "rows": seen["rows"] + row["rows"], "failed": seen["failed"] + row["failed"],
+                             "documents": [*seen["documents"], *row["documents"]]}
+        else:
+            by_check[key] = dict(row)
+    return list(by_check.values())

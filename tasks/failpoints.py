@@ -1,0 +1,47 @@
+"""Named crash points: the crash tests kill a real run with SIGKILL at a stage boundary or inside a commit.
+
+INLET_FAILPOINT=<name> kills the process the first time the run passes <name>; <name>@<n> at the n-th
+time (the second batch, the second commit group). Unset, failpoint() is one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import Counter
+
+ENV = "INLET_FAILPOINT"
+POINTS = (
+    "crawled",             # listing written, nothing detected
+    "detected",            # documents classified, no batch started
+    "batch-extracted",     # a batch's elements and extracted artifacts written
+    "batch-chunked",
+    "batch-enriched",
+    "batch-embedded",
+    "batch-validated",     # a batch finished, not yet handed to the writer
+    "chunks-committed",    # inside a commit group: chunks written, their documents rows not yet
+    "documents-committed",  # documents rows written, quarantine rows not yet
+    "group-committed",     # one commit group done; later batches not yet committed
+    "indexed",             # indexes refreshed, run not yet tagged and published
+    "published",           # the run's version tagged and published, runs row not yet written
+    "reported",            # runs row written, flow about to return
+)
+
+_hits: Counter[str] = Counter()
+_lock = threading.Lock()
+
+
+def failpoint(name: str) -> None:
+    """Kill this process with SIGKILL if INLET_FAILPOINT names this point (and this is the hit it asks for)."""
+    wanted = os.environ.get(ENV)
+    if not wanted:
+        return
+    point, _, nth = wanted.partition("@")
+    if point != name:
+        return
+    with _lock:
+        _hits[name] += 1
+        hit = _hits[name]
+    if hit == int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)

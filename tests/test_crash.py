@@ -1,0 +1,171 @@
+"""Crash proof: a run killed with SIGKILL at any stage boundary or inside a commit, then run again, ends with the
+tables an uninterrupted run makes, and no model call is repeated for work that was committed before the kill."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import lancedb
+import pytest
+
+from flows.ingest import ingest
+from query import search
+from schemas.arrow import PUBLISHED_TAG
+from schemas.config import load_config
+from tasks.failpoints import POINTS
+from tests.conftest import ROOT, run_artifact
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+TOPICS = ["rigging", "sails", "hull", "engine", "safety", "navigation", "mooring", "winter storage"]
+
+
+def _page(topic: str, n: int) -> str:
+    """A Markdown page of a few sections about one topic, different in every word that matters."""
+    sections = [f"## {topic.title()} part {i}\n\n" + " ".join(
+        f"The {topic} checklist item {i}-{j} says to inspect, clean and log the {topic} fittings {n}." for j in range(6))
+        for i in range(3)]
+    return f"# {topic.title()} guide {n}\n\n" + "\n\n".join(sections) + "\n"
+
+
+@pytest.fixture
+def pages(tmp_path: Path) -> Path:
+    """Eight Markdown pages: four batches of two documents, every batch its own commit group."""
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    for n, topic in enumerate(TOPICS):
+        (folder / f"{topic.replace(' ', '-')}.md").write_text(_page(topic, n), encoding="utf-8")
+    return folder
+
+
+def _config(write_config, folder: Path, store: str):
+    # One document a batch and one batch a commit group: every commit point is passed more than once.
+    return write_config(folder, name=f"{store}.yaml", store=store, sources=[
+        {"name": "pages", "path": str(folder), "include": ["**/*.md"]}],
+        execution={"batch_docs": 1, "commit_rows": 1, "workers": 2})
+
+
+def _edit(folder: Path) -> None:
+    """One page changed, one added, one deleted: work for every kind of commit."""
+    (folder / "rigging.md").write_text(_page("rigging", 0).replace("inspect, clean", "inspect, grease"),
+                                       encoding="utf-8")
+    (folder / "anchoring.md").write_text(_page("anchoring", 9), encoding="utf-8")
+    (folder / "engine.md").unlink()
+
+
+def _tables(config: Path) -> tuple[list[tuple], list[tuple], list[str]]:
+    """What a run's result is: chunk rows (ids, texts, enrichment, vectors, positions), document rows, quarantine."""
+    cfg = load_config(config)
+    db = lancedb.connect(str(cfg.store.uri))
+    chunks = db.open_table("chunks").to_arrow()
+    docs = db.open_table("documents").to_arrow()
+    chunk_rows = sorted(zip(*(chunks[c].to_pylist() for c in (
+        "chunk_id", "doc_id", "chunk_index", "total_chunks", "prev_chunk_id", "next_chunk_id", "text",
+        "enrichment", "embed_key", "vector"))))
+    doc_rows = sorted(zip(*(docs[c].to_pylist() for c in (
+        "doc_id", "content_hash", "status", "total_chunks", "title", "settings_fp"))))
+    names = db.list_tables()
+    quarantined = (sorted(db.open_table("quarantine").to_arrow()["doc_id"].to_pylist())
+                   if "quarantine" in getattr(names, "tables", names) else [])
+    return chunk_rows, doc_rows, quarantined
+
+
+def _committed_keys(config: Path) -> tuple[set[str], set[str]]:
+    cfg = load_config(config)
+    table = lancedb.connect(str(cfg.store.uri)).open_table("chunks").to_arrow()
+    return set(table["embed_key"].to_pylist()), set(table["enrich_key"].to_pylist())
+
+
+def _killed_run(config: Path, point: str) -> tuple[int, str]:
+    """Run the flow in a fresh interpreter that kills itself with SIGKILL at the named point; return code and log."""
+    from prefect.settings import PREFECT_API_URL
+
+    # The session's Prefect server: a killed run would leave an ephemeral server of its own behind.
+    env = {**os.environ, "INLET_FAILPOINT": point, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    code = f"from flows.ingest import ingest; ingest(config_path={str(config)!r})"
+    log = config.with_suffix(".log")
+    with log.open("w") as out:  # a file, not a pipe: nothing a dead process leaves can hold the test up
+        proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                              timeout=300)
+    return proc.returncode, log.read_text()
+
+
+MATRIX = [*POINTS, "batch-embedded@2", "group-committed@2", "chunks-committed@3"]
+
+
+def test_a_run_killed_at_every_stage_boundary_and_inside_the_upsert_converges_without_repeated_model_calls(
+        pages, write_config, tmp_path):
+    reference = _config(write_config, pages, "reference")
+    ingest(config_path=str(reference))
+    before = tmp_path / "before"
+    shutil.copytree(tmp_path / "reference", before)  # the store before the edits, for every crash below
+    _edit(pages)
+    ingest(config_path=str(reference))
+    expected = _tables(reference)
+    assert len({row[0] for row in expected[0]}) == len(expected[0]), "no duplicate chunk id"
+
+    configs = {}
+    for n, point in enumerate(MATRIX):
+        store = f"crash{n}"
+        shutil.copytree(before, tmp_path / store)
+        configs[point] = _config(write_config, pages, store)
+    # Two killed runs at a time: each is a whole interpreter starting up; their stores are their own.
+    with ThreadPoolExecutor(2) as pool:
+        killed = dict(zip(MATRIX, pool.map(lambda p: _killed_run(configs[p], p), MATRIX)))
+
+    for point in MATRIX:
+        config = configs[point]
+        code, log = killed[point]
+        assert code == -9, f"{point}: the run was not killed there (exit {code}):\n{log[-3000:]}"
+        embed_keys, enrich_keys = _committed_keys(config)
+        summary = ingest(config_path=str(config))
+        assert _tables(config) == expected, f"killed at {point}: the tables differ from an uninterrupted run's"
+        run_dir = Path(load_config(config).store.artifacts) / summary["run_id"]
+        done = run_artifact(run_dir, "embedded_chunks-validated")
+        if done.num_rows:
+            again = {k for k, now in zip(done["embed_key"].to_pylist(), done["embedded_now"].to_pylist()) if now}
+            assert not again & embed_keys, f"killed at {point}: committed vectors were embedded again"
+            again = {k for k, now in zip(done["enrich_key"].to_pylist(), done["enriched_now"].to_pylist()) if now}
+            assert not again & enrich_keys, f"killed at {point}: committed enrichments were made again"
+        table = lancedb.connect(str(load_config(config).store.uri)).open_table("chunks")
+        assert table.tags.get_version(PUBLISHED_TAG) == table.version, "the re-run published its last version"
+
+
+def test_searches_during_a_run_see_the_previous_run_or_the_new_one_never_part_of_it(pages, write_config,
+                                                                                     monkeypatch):
+    config = _config(write_config, pages, "store")
+    ingest(config_path=str(config))
+    for topic in ("sails", "hull", "safety"):  # three documents, three batches, three commit groups
+        page = pages / f"{topic}.md"
+        page.write_text(page.read_text(encoding="utf-8") + "\nThe zanzibar knot holds.\n", encoding="utf-8")
+
+    import tasks.load
+
+    groups = []
+
+    def slow_group(name: str) -> None:  # widen the window between commit groups so searches land inside it
+        if name == "group-committed":
+            groups.append(time.monotonic())
+            time.sleep(0.4)
+
+    monkeypatch.setattr(tasks.load, "failpoint", slow_group)
+    outcome: dict[str, object] = {}
+    runner = threading.Thread(target=lambda: outcome.update(summary=ingest(config_path=str(config))))
+    seen: list[tuple[float, int]] = []
+    runner.start()
+    while runner.is_alive():
+        hits = search("zanzibar knot", k=10, mode="fulltext", config=config)
+        seen.append((time.monotonic(), len({h.doc_id for h in hits})))
+    runner.join()
+    assert outcome["summary"]["docs_changed"] == 3 and len(groups) >= 3
+    during = [n for at, n in seen if groups[0] <= at <= groups[-1]]
+    assert during, "some searches ran between the run's first and last commit"
+    assert {n for _, n in seen} <= {0, 3}, f"a search saw part of a run: {sorted({n for _, n in seen})}"
+    assert len({h.doc_id for h in search("zanzibar knot", k=10, mode="fulltext", config=config)}) == 3
