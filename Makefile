@@ -41,8 +41,9 @@ run: setup
 	$(VENV)/bin/inlet ingest
 	$(VENV)/bin/inlet query "$(QUESTION)" -k 3
 
+# Two pytest workers (pytest-xdist), one per core: most tests wait on subprocesses, servers or disk.
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 # Prefect's own variables, not --port: with --port the UI still calls the default port.
 server: setup
