@@ -32,6 +32,7 @@ SHARED = ROOT.parent / "shared"
 PEERS = Path(os.environ.get("PEERS_DIR", SHARED / "bench-peers"))
 CORPUS = Path(os.environ.get("PEERS_CORPUS", SHARED / "corpora" / "markdown"))
 SCENARIOS = ("a_cold", "b_noop", "c_1pct", "d_10pct")
+EXECUTION: dict = {}  # the config's execution section (--runner, --workers, --batch-docs)
 
 
 # --- worker: one measured run in its own process -------------------------------------------------
@@ -54,6 +55,8 @@ def worker(config: str, out: str) -> None:
         "interpreter_s": import_start - _T0, "import_s": imported - import_start, "flow_s": done - imported,
         "pipeline_s": stage_s, "prefect_overhead_s": (done - imported) - stage_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        # Worker processes of the process/dask runners (the largest one, once it has ended).
+        "peak_rss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "rows": table.count_rows() if table is not None else 0,
         **{k: v for k, v in summary.items() if k not in ("quarantined",)},
     }
@@ -102,6 +105,7 @@ def write_config(state: Path, embedder: str) -> Path:
         "enrichment": {"enabled": False},
         "embedding": embedding,
         "store": {"uri": str(state / "store" / "lancedb"), "artifacts": str(state / "store" / "runs")},
+        **({"execution": EXECUTION} if EXECUTION else {}),
     }
     state.mkdir(parents=True, exist_ok=True)
     path = state / "inlet.yaml"
@@ -227,11 +231,16 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="JSON results (default bench/results/ingest-<embedder>.json)")
     parser.add_argument("--no-check", action="store_true",
                         help="skip the comparison with a cold build (it costs a full cold run per scenario)")
+    parser.add_argument("--runner", choices=["thread", "process", "dask"], help="execution.task_runner")
+    parser.add_argument("--workers", type=int, help="execution.workers")
+    parser.add_argument("--batch-docs", type=int, help="execution.batch_docs")
     parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(*args.worker)
         return
+    EXECUTION.update({k: v for k, v in (("task_runner", args.runner), ("workers", args.workers),
+                                        ("batch_docs", args.batch_docs)) if v is not None})
     if not CORPUS.is_dir() or not (PEERS / "common.py").is_file():
         sys.exit(f"needs {CORPUS} and {PEERS}/common.py (the shared folder beside this checkout)")
     work = Path(tempfile.mkdtemp(prefix="inlet-bench-"))

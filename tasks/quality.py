@@ -10,13 +10,17 @@ happens: `quarantine` (the documents of the failing rows are quarantined with th
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal
 
+# Imported with the module, not inside the gate: the import takes ~3 s of start-up, once per process.
+import great_expectations as gx
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from great_expectations.data_context.types.base import ProgressBarsConfig
 from prefect import get_run_logger
 
 from schemas.arrow import (
@@ -117,11 +121,12 @@ def scalar_view(table: pa.Table) -> pa.Table:
             .append_column("vector_norm", pa.array(norms, pa.float64())))
 
 
-@cache
-def _context() -> Any:  # GX context, imported lazily: the import takes seconds
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
+_GX = threading.Lock()  # batches in threads share one context; a validation takes a few ms
 
+
+@cache
+def _context() -> Any:
+    """The process's ephemeral GX context."""
     # Its INFO lines (temporary docs folders and the like) would reach cron mail; GX sets levels on its own loggers.
     for name in [n for n in logging.root.manager.loggerDict if n.startswith("great_expectations")]:
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -131,21 +136,30 @@ def _context() -> Any:  # GX context, imported lazily: the import takes seconds
     return context
 
 
+@cache
+def _whole_frame(artifact: str) -> Any:
+    """One data source and one dataframe asset per artifact for the process: each run hands them new frames.
+
+    Adding and deleting a data source per validation made the context save its config each time (~60 ms).
+    """
+    return _source().add_dataframe_asset(artifact).add_batch_definition_whole_dataframe("whole")
+
+
+@cache
+def _source() -> Any:
+    return _context().data_sources.add_or_update_pandas("inlet")
+
+
 def validate(artifact: str, table: pa.Table, suite: list[Check]) -> list[Outcome]:
     """Run a suite over an Arrow artifact with GX; return each check's outcome and failing rows."""
     if table.num_rows == 0 or not suite:
         return [Outcome(artifact, c.name, c.severity, True) for c in suite]
-    import great_expectations as gx
-
-    context = _context()
-    name = f"{artifact}-{id(table)}"
     frame = scalar_view(table).to_pandas()
-    batch = (context.data_sources.add_or_update_pandas(name).add_dataframe_asset(artifact)
-             .add_batch_definition_whole_dataframe("whole").get_batch(batch_parameters={"dataframe": frame}))
-    checks = gx.ExpectationSuite(name=name, expectations=[
+    checks = gx.ExpectationSuite(name=artifact, expectations=[
         getattr(gx.expectations, c.expectation)(**c.kwargs, meta={"check": c.name}) for c in suite])
-    result = batch.validate(checks, result_format={"result_format": "COMPLETE"})
-    context.data_sources.delete(name)
+    with _GX:
+        batch = _whole_frame(artifact).get_batch(batch_parameters={"dataframe": frame})
+        result = batch.validate(checks, result_format={"result_format": "COMPLETE"})
     by_name = {c.name: c for c in suite}
     docs = table["doc_id"].to_pylist() if "doc_id" in table.column_names else None
     outcomes = []

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import lancedb
 import pytest
+import yaml
 
 from flows.ingest import ingest
 from schemas.config import load_config
@@ -31,12 +32,36 @@ def _pair(write_config, corpus: Path, runner: dict) -> tuple[Path, Path]:
             write_config(corpus, name="other.yaml", store="other", execution={**common, **runner}))
 
 
-def test_a_dask_local_cluster_run_makes_the_tables_a_thread_pool_run_makes(corpus, write_config):
-    thread, dask = _pair(write_config, corpus, {"task_runner": "dask"})
-    first = ingest(config_path=str(thread))
+@pytest.fixture(scope="module")
+def sample_reference(tmp_path_factory, prefect_harness) -> tuple[Path, tuple]:
+    """The sample corpus and the tables a thread-pool run makes of it, built once for the Dask tests."""
+    root = tmp_path_factory.mktemp("thread-reference")
+    corpus = root / "corpus"
+    shutil.copytree(SAMPLE, corpus)
+    config = root / "thread.yaml"
+    config.write_text(yaml.safe_dump({
+        "sources": [{"name": "sample", "path": str(corpus)}], "embedding": {"kind": "hashing", "dim": 64},
+        "store": {"uri": str(root / "store" / "lancedb"), "artifacts": str(root / "store" / "runs")},
+        "execution": {"batch_docs": 2, "workers": 2, "task_runner": "thread"}}))
+    assert ingest(config_path=str(config))["docs_new"] == 5
+    return corpus, _tables(config)
+
+
+def _dask_config(tmp_path: Path, corpus: Path, execution: dict) -> Path:
+    config = tmp_path / "dask.yaml"
+    config.write_text(yaml.safe_dump({
+        "sources": [{"name": "sample", "path": str(corpus)}], "embedding": {"kind": "hashing", "dim": 64},
+        "store": {"uri": str(tmp_path / "store" / "lancedb"), "artifacts": str(tmp_path / "store" / "runs")},
+        "execution": {"batch_docs": 2, "workers": 2, "task_runner": "dask", **execution}}))
+    return config
+
+
+def test_a_dask_local_cluster_run_makes_the_tables_a_thread_pool_run_makes(sample_reference, tmp_path):
+    corpus, expected = sample_reference
+    dask = _dask_config(tmp_path, corpus, {})
     other = ingest(config_path=str(dask))
-    assert first["docs_new"] == other["docs_new"] == 5 and other["docs_quarantined"] == 0
-    assert _tables(dask) == _tables(thread)
+    assert other["docs_new"] == 5 and other["docs_quarantined"] == 0
+    assert _tables(dask) == expected
     assert not [n for n in other["notices"] if "daemonic" in n], "the local cluster's workers keep the time limit"
 
 
@@ -50,3 +75,64 @@ def test_a_process_pool_run_makes_the_tables_a_thread_pool_run_makes(tmp_path, w
     ingest(config_path=str(thread))
     other = ingest(config_path=str(process))
     assert other["docs_new"] == 4 and _tables(process) == _tables(thread)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dask_cluster(tmp_path):
+    """A Dask scheduler and one worker started as separate commands, as on other machines."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.conftest import ROOT
+
+    port = _free_port()
+    # The workers report their task runs to the same Prefect API and import the project from its folder.
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(ROOT)}
+    dask = str(Path(sys.executable).parent / "dask")
+    logs = [(tmp_path / f"{name}.log").open("w") for name in ("scheduler", "worker")]
+    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--dashboard-address", ":0"], env=env, cwd=tmp_path, stdout=logs[0],
+                              stderr=subprocess.STDOUT)]
+    address = f"tcp://127.0.0.1:{port}"
+    # No nanny: the worker is its own (non-daemonic) process and may start extraction workers.
+    procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--no-nanny",
+                                   "--dashboard-address", ":0"], env=env, cwd=ROOT, stdout=logs[1],
+                                  stderr=subprocess.STDOUT))
+    from distributed import Client
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with Client(address, timeout=5) as client:
+                client.wait_for_workers(1, timeout=30)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    yield address
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=30)
+    for log in logs:
+        log.close()
+
+
+def test_batches_run_on_an_existing_dask_cluster_given_by_address(sample_reference, tmp_path, dask_cluster):
+    corpus, expected = sample_reference
+    remote = _dask_config(tmp_path, corpus, {"dask_address": dask_cluster})
+    other = ingest(config_path=str(remote))
+    assert other["docs_new"] == 5 and other["docs_quarantined"] == 0
+    assert _tables(remote) == expected
