@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from datetime import UTC, datetime
@@ -31,7 +32,13 @@ from tasks.failpoints import failpoint
 from tasks.load import Writer
 from tasks.progress import stage_progress
 from tasks.report import report_stage
-from tasks.store import connect, known_documents, writer_lock
+from tasks.store import (
+    connect,
+    is_remote_store,
+    known_documents,
+    use_store_options,
+    writer_lock,
+)
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
@@ -87,8 +94,9 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     started = datetime.now(UTC)
     run_id = new_run_id(started)
     use_storage_options(cfg.store.artifacts, cfg.store.artifacts_options)
+    use_store_options(cfg.store.uri, cfg.store.options)
     run_dir = join(cfg.store.artifacts, run_id)
-    store = str(cfg.store.uri)
+    store = cfg.store.uri
     clock = _StageClock()
     variants = []
     for name, vcfg in cfg.all_variants():
@@ -157,10 +165,13 @@ def _suffix(plan: IndexPlan) -> str:
 
 
 def _jobs_dir(cfg: InletConfig) -> str:
-    """Open Gemini batch jobs are a small local ledger: beside the store when artifacts live on object storage."""
-    if is_remote(cfg.store.artifacts):
-        return str(cfg.store.uri.parent / BATCH_JOBS_DIR)
-    return join(cfg.store.artifacts, BATCH_JOBS_DIR)
+    """Open Gemini batch jobs are a small local ledger: in the artifact folder, else beside the store, else home."""
+    if not is_remote(cfg.store.artifacts):
+        return join(cfg.store.artifacts, BATCH_JOBS_DIR)
+    if not is_remote_store(cfg.store.uri):
+        return str(Path(cfg.store.uri).parent / BATCH_JOBS_DIR)
+    # Both on object storage: one ledger per store in the user's home (the flow's machine submits the jobs).
+    return str(Path.home() / ".inlet" / BATCH_JOBS_DIR / hashlib.sha256(cfg.store.uri.encode()).hexdigest()[:12])
 
 
 def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batches: list[list[str]], run_dir: str,

@@ -20,7 +20,7 @@ from tasks.maintain import (
     repair_stage,
     republish,
 )
-from tasks.store import writer_lock
+from tasks.store import use_store_options, writer_lock
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 
@@ -65,7 +65,8 @@ def maintenance(config_path: str = str(DEFAULT_CONFIG), retention_days: float | 
     cfg = load_config(config_path)
     retention = cfg.maintenance.retention_days if retention_days is None else retention_days
     repair = cfg.maintenance.repair if repair is None else repair
-    store = str(cfg.store.uri)
+    store = cfg.store.uri
+    use_store_options(store, cfg.store.options)
     pairs = _pairs(cfg)
     now = datetime.now(UTC)
     with writer_lock(store, f"maintenance-{now:%Y%m%dT%H%M%S}", cfg.store.lock_wait_s):

@@ -9,9 +9,14 @@ from pathlib import Path
 
 import lancedb
 
+from query.search import (
+    DEFAULT_CONFIG,
+    resolve_version,
+    select_variant,
+    store_connection,
+)
 from schemas.arrow import RUN_COUNTS
 from schemas.config import InletConfig, load_config
-from query.search import DEFAULT_CONFIG, select_variant, resolve_version
 from schemas.errors import StoreError
 
 _KEYS = ["chunk_id", "doc_id", "text_hash", "enrich_key", "embed_key"]
@@ -22,7 +27,7 @@ def _config(config: InletConfig | str | Path) -> InletConfig:
 
 
 def _table(cfg: InletConfig, name: str) -> lancedb.table.Table | None:
-    db = lancedb.connect(str(cfg.store.uri))
+    db = store_connection(cfg)
     listed = db.list_tables()
     return db.open_table(name) if name in set(getattr(listed, "tables", listed)) else None
 

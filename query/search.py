@@ -124,13 +124,27 @@ def _load_config_at(path: Path, _mtime_ns: int, _size: int) -> InletConfig:
     return load_config(path)
 
 
-@functools.cache
+_STORE_OPTIONS: dict[str, dict[str, str]] = {}  # store URI -> LanceDB storage options (object storage)
+
+
 def _connect(uri: str) -> lancedb.DBConnection:
     """One connection per store and process: it holds the index caches (a new one costs ~100 ms a query).
 
     Reads are checked against the latest version every time, so cached tables see each new run.
     """
-    return lancedb.connect(uri, read_consistency_interval=timedelta(0))
+    return _connection(uri, json.dumps(_STORE_OPTIONS.get(uri, {}), sort_keys=True))
+
+
+@functools.cache
+def _connection(uri: str, options: str) -> lancedb.DBConnection:
+    return lancedb.connect(uri, read_consistency_interval=timedelta(0), storage_options=json.loads(options) or None)
+
+
+def store_connection(cfg: InletConfig) -> lancedb.DBConnection:
+    """The read side's connection to cfg's store, with its storage options."""
+    if cfg.store.options:
+        _STORE_OPTIONS[str(cfg.store.uri)] = dict(cfg.store.options)
+    return _connect(str(cfg.store.uri))
 
 
 _TABLES: dict[tuple[str, str], lancedb.table.Table] = {}
@@ -141,7 +155,7 @@ def _open_chunks(cfg: InletConfig, as_of: int | str | datetime | None = None) ->
     if as_of is None and (uri, name) in _TABLES:
         return _TABLES[(uri, name)]
     try:
-        table = _connect(uri).open_table(name)
+        table = store_connection(cfg).open_table(name)
     except (FileNotFoundError, ValueError):
         msg = f"no '{name}' table in {uri}: run `inlet ingest` first"
         raise StoreError(msg) from None

@@ -399,7 +399,11 @@ class MaintenanceConfig(_Strict):
 class StoreConfig(_Strict):
     """Where tables and run artifacts live."""
 
-    uri: Path = Field(Path("../data/lancedb"), description="LanceDB folder; relative to the config file's folder.")
+    uri: str = Field("../data/lancedb", description="LanceDB folder, relative to the config file's folder, or a URI "
+                     "on object storage (s3://bucket/lancedb) that workers on other machines can reach.")
+    options: dict[str, str] = Field(default_factory=dict, description="LanceDB storage options for a store on object "
+                                    "storage (aws_endpoint, aws_region, allow_http, ...); credentials may come from "
+                                    "the environment.")
     artifacts: str = Field("../data/runs", description="Run artifact folder, relative to the config file's folder, "
                            "or an fsspec URI (s3://bucket/runs) that workers on other machines can reach.")
     artifacts_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for an artifacts "
@@ -525,7 +529,8 @@ class InletConfig(_Strict):
         sources = tuple(s.model_copy(update={"path": _abs(s.path) if s.path is not None else None})
                         for s in self.sources)
         artifacts = self.store.artifacts if "://" in self.store.artifacts else str(_abs(Path(self.store.artifacts)))
-        store = self.store.model_copy(update={"uri": _abs(self.store.uri), "artifacts": artifacts})
+        uri = self.store.uri if "://" in self.store.uri else str(_abs(Path(self.store.uri)))
+        store = self.store.model_copy(update={"uri": uri, "artifacts": artifacts})
         prompt = self.enrichment.prompt
         enrichment = self.enrichment.model_copy(update={"prompt": _abs(prompt) if prompt else None})
         return self.model_copy(update={"sources": sources, "store": store, "enrichment": enrichment})

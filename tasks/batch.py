@@ -27,6 +27,7 @@ from tasks.progress import quiet_stages
 from tasks.quality import validate_stage
 from tasks.refresh import refresh_stage
 from tasks.report import text_counts
+from tasks.store import use_store_options
 from tasks.variants import extraction_todo_stage, for_variant_stage
 
 _WORK = pa.array(["new", "changed"])
@@ -106,7 +107,7 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
                  seconds: dict[str, float]) -> dict:
     """Chunk, enrich, embed and validate one batch for one index; return its artifacts, counts and usage."""
     cfg, here = plan.cfg, batch_dir(plan.run_dir, number)
-    store, table = str(cfg.store.uri), cfg.store.chunks_table
+    store, table = cfg.store.uri, cfg.store.chunks_table
     dim = embedder_spec(cfg.embedding).dim
     documents = join(here, "documents.parquet")
     timed = _timed if plan.name is None else (
@@ -143,6 +144,7 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
     """
     store = plans[0].cfg.store
     use_storage_options(store.artifacts, store.artifacts_options)  # a worker process starts without them
+    use_store_options(store.uri, store.options)
     seconds: dict[str, float] = {}
     with quiet_stages():
         here = batch_dir(run_dir, number)

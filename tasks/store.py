@@ -6,7 +6,7 @@ import json
 import os
 import socket
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,10 +27,26 @@ _IN_BATCH = 5000  # keys per IN (...) filter: keeps each SQL predicate small
 FILE_FORMAT = "2.1"
 
 
+_OPTIONS: dict[str, dict[str, str]] = {}  # store URI -> LanceDB storage options, set once per process
+
+
+def is_remote_store(uri: str | Path) -> bool:
+    """Tell a store on object storage (s3://bucket/lancedb) from a local folder."""
+    return "://" in str(uri)
+
+
+def use_store_options(uri: str | Path, options: dict[str, str]) -> None:
+    """Remember the storage options (endpoint, region, credentials) connect() uses for the store at uri."""
+    if options:
+        _OPTIONS[str(uri)] = dict(options)
+
+
 def connect(uri: str | Path) -> lancedb.DBConnection:
     """Open (creating if needed) the LanceDB database at uri; tables it creates use FILE_FORMAT."""
-    Path(uri).mkdir(parents=True, exist_ok=True)
-    return lancedb.connect(str(uri), storage_options={"new_table_data_storage_version": FILE_FORMAT})
+    if not is_remote_store(uri):
+        Path(uri).mkdir(parents=True, exist_ok=True)
+    options = {**_OPTIONS.get(str(uri), {}), "new_table_data_storage_version": FILE_FORMAT}
+    return lancedb.connect(str(uri), storage_options=options)
 
 
 def table_names(db: lancedb.DBConnection) -> set[str]:
@@ -93,8 +109,14 @@ def writer_lock(uri: str | Path, run: str, wait_s: float = 0) -> Iterator[None]:
     """Hold the store's one-writer lock while a run writes; refuse (after wait_s) while another run holds it.
 
     An OS file lock (flock): it dies with its process, so a killed run never leaves the store locked.
+    A store on object storage has no such lock: there a Prefect global concurrency limit of 1, named
+    after the store, stands in for it (its lease lapses a minute after a killed run).
     Ingest and maintenance take it; readers never do (they read whole versions).
     """
+    if is_remote_store(uri):
+        with _remote_writer_lock(str(uri), run, wait_s):
+            yield
+        return
     folder = Path(uri)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -120,3 +142,31 @@ def writer_lock(uri: str | Path, run: str, wait_s: float = 0) -> Iterator[None]:
     finally:
         info.unlink(missing_ok=True)
         lock.release()
+
+
+@contextmanager
+def _remote_writer_lock(uri: str, run: str, wait_s: float) -> Iterator[None]:
+    """One writer per store on object storage, through a Prefect global concurrency limit of 1."""
+    import hashlib
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectAlreadyExists
+
+    name = f"inlet-writer-{hashlib.sha256(uri.encode()).hexdigest()[:12]}"
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+        except ObjectAlreadyExists:
+            pass
+    held = ExitStack()
+    try:  # acquiring only: a TimeoutError from the run itself is not a busy store
+        held.enter_context(concurrency(name, occupy=1, timeout_seconds=max(wait_s, 0.5), lease_duration=60,
+                                       strict=True))
+    except TimeoutError:
+        msg = (f"{uri} is being written by another run (Prefect concurrency limit {name}); {run} wrote nothing. "
+               "Run it again when that one has finished, or set store.lock_wait_s to wait for it")
+        raise StoreBusyError(msg) from None
+    with held:
+        yield

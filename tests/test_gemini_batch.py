@@ -67,7 +67,7 @@ def test_an_interrupted_batch_job_is_resumed_not_submitted_again(write_config, c
         records = [json.loads(p.read_text()) for p in (Path(cfg.store.artifacts) / BATCH_JOBS_DIR).glob("*.json")]
         assert [r["name"] for r in records] == ["batches/job1"], "the job's name outlived the run"
         assert KEY not in json.dumps(records)
-        assert not (cfg.store.uri / "chunks.lance").exists(), "nothing was committed by the interrupted run"
+        assert not (Path(cfg.store.uri) / "chunks.lance").exists(), "nothing was committed by the interrupted run"
 
         srv.faults = Faults()  # the job finishes while no run is watching
         resumed = ingest(config_path=str(config))

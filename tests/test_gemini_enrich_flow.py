@@ -169,7 +169,7 @@ def test_api_key_from_a_prefect_secret_block_never_leaks(write_config, corpus, s
     assert server.traffic.api_keys == {KEY} and summary["texts_enriched"] > 0
     assert not any("API_KEY" in n for n in summary["notices"]), "the key was found: no fallback notice"
     cfg = load_config(config)
-    for path in [*Path(cfg.store.artifacts).rglob("*"), *cfg.store.uri.rglob("*")]:
+    for path in [*Path(cfg.store.artifacts).rglob("*"), *Path(cfg.store.uri).rglob("*")]:
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
     assert KEY not in caplog.text and KEY not in str(summary)

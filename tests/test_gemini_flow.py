@@ -59,7 +59,7 @@ def test_api_key_appears_in_no_artifact(gemini_config, server, monkeypatch, capl
     summary = ingest(config_path=str(gemini_config))
     assert server.traffic.api_keys == {KEY}, "the key reached the server"
     cfg = load_config(gemini_config)
-    for path in [*Path(cfg.store.artifacts).rglob("*"), *cfg.store.uri.rglob("*")]:
+    for path in [*Path(cfg.store.artifacts).rglob("*"), *Path(cfg.store.uri).rglob("*")]:
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
     assert KEY not in caplog.text and KEY not in str(summary)

@@ -126,3 +126,35 @@ def test_a_file_uri_folder_is_read_through_fsspec(write_config, tmp_path, corpus
     hit = search("surplus of 1,530 euros", k=1, config=config)[0]
     assert hit.doc_id == "local:reports/regatta-report-2025.pdf" and hit.citation.uri.startswith("file://")
     assert ingest(config_path=str(config))["docs_unchanged"] == 5
+
+
+def test_the_store_and_artifacts_can_both_live_in_a_bucket(s3, write_config, tmp_path, corpus):
+    endpoint, client, _ = s3
+    client.create_bucket(Bucket="knowledge")
+    fs_options = {"endpoint_url": endpoint, "key": "test", "secret": "test",
+                  "client_kwargs": {"region_name": "us-east-1"}}
+    lance_options = {"aws_endpoint": endpoint, "aws_access_key_id": "test", "aws_secret_access_key": "test",
+                     "aws_region": "us-east-1", "allow_http": "true"}
+    config = write_config(corpus, execution={"batch_docs": 2})
+    data = yaml.safe_load(config.read_text())
+    data["store"] = {"uri": "s3://knowledge/lancedb", "options": lance_options, "artifacts": "s3://knowledge/runs",
+                     "artifacts_options": fs_options}
+    config.write_text(yaml.safe_dump(data))
+    first = ingest(config_path=str(config))
+    assert first["docs_new"] == 5 and first["docs_quarantined"] == 0
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="knowledge", Prefix="lancedb/")["Contents"]]
+    assert any(k.startswith("lancedb/chunks.lance/") for k in keys), "the tables are in the bucket"
+    assert not (tmp_path / "store").exists(), "nothing written locally"
+    assert search("wind limits for lasers", k=1, config=config)[0].doc_id == "sample:policies/safety-policy.html"
+    guide = corpus / "guides" / "boat-maintenance.md"
+    guide.write_text(guide.read_text().replace("2% hardener", "3% hardener"))
+    second = ingest(config_path=str(config))
+    assert (second["docs_changed"], second["docs_unchanged"]) == (1, 4)
+    assert "3% hardener" in search("gelcoat hardener", k=1, mode="fulltext", config=config)[0].text
+
+    # One writer per store on object storage too: a Prefect concurrency limit named after it.
+    from schemas.errors import StoreBusyError
+    from tasks.store import writer_lock
+
+    with writer_lock("s3://knowledge/lancedb", "run-holding"), pytest.raises(StoreBusyError, match="being written by"):
+        ingest(config_path=str(config))

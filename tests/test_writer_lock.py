@@ -57,8 +57,9 @@ def test_a_killed_writer_leaves_no_lock_behind(tmp_path):
 
 
 def test_a_second_ingest_is_refused_while_the_first_is_writing(corpus, write_config, tmp_path):
-    # The first ingest embeds through a slow Gemini-protocol server, so it is still writing when the second starts.
-    server = GeminiServer(Faults(latency_s=3.0)).start()
+    # The first ingest embeds through a slow Gemini-protocol server (10 s an answer), so it is still writing when the
+    # second has started up.
+    server = GeminiServer(Faults(latency_s=10.0)).start()
     try:
         config = write_config(corpus, embedding={"kind": "gemini", "dim": 32, "base_url": server.base_url})
         env = {**os.environ, "GEMINI_API_KEY": "AIza-test-key-0123"}
