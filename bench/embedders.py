@@ -1,0 +1,82 @@
+"""Benchmark: texts embedded per second by the local embedders (static, MiniLM, hashing) on real chunk texts.
+
+    .venv/bin/python bench/embedders.py                  # 2,000 texts for static/hashing, 300 for MiniLM, 3 reps
+
+Texts are 200-token windows (cl100k, Inlet's default chunk size) cut from ../shared/corpora/markdown.
+Model loading is timed apart from embedding. Writes bench/results/embedders.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+CORPUS = ROOT.parent / "shared" / "corpora" / "markdown"
+
+
+def chunk_texts(n: int) -> list[str]:
+    """The first n 200-token windows of the Markdown corpus, in file order."""
+    from providers.tokenizer import encoding
+
+    enc = encoding()
+    texts: list[str] = []
+    for path in sorted(CORPUS.rglob("*.md")):
+        tokens = enc.encode_ordinary(path.read_text(encoding="utf-8", errors="replace"))
+        texts.extend(enc.decode(tokens[i:i + 200]) for i in range(0, len(tokens) - 100, 200))
+        if len(texts) >= n:
+            return texts[:n]
+    return texts
+
+
+def measure(kind: str, texts: list[str], reps: int) -> dict:
+    """Load the embedder once, then embed the texts reps times; return the median rate."""
+    from providers.embedders import make_embedder
+    from schemas.config import EmbeddingConfig
+
+    start = time.perf_counter()
+    embedder = make_embedder(EmbeddingConfig(kind=kind, dim=384 if kind == "hashing" else None))
+    embedder.embed(texts[:8])
+    load = time.perf_counter() - start
+    seconds = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        embedder.embed(texts)
+        seconds.append(time.perf_counter() - start)
+    median = statistics.median(seconds)
+    return {"embedder": kind, "texts": len(texts), "load_s": round(load, 2), "seconds_median": round(median, 3),
+            "texts_per_s": round(len(texts) / median, 1)}
+
+
+def main() -> None:
+    """Time every local embedder and print a table."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--texts", type=int, default=2000)
+    parser.add_argument("--minilm-texts", type=int, default=300, help="MiniLM is ~100x slower: fewer texts")
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    if not CORPUS.is_dir():
+        sys.exit(f"needs {CORPUS} (the shared folder beside this checkout)")
+    texts = chunk_texts(args.texts)
+    rows = [measure("static", texts, args.reps), measure("hashing", texts, args.reps),
+            measure("minilm", texts[:args.minilm_texts], args.reps)]
+    minilm = rows[-1]["texts_per_s"]
+    for row in rows:
+        row["vs_minilm"] = round(row["texts_per_s"] / minilm, 1)
+    out = ROOT / "bench" / "results" / "embedders.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1))
+    print("| embedder | texts | load s | embed s (median) | texts/s | vs MiniLM |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['embedder']} | {r['texts']} | {r['load_s']} | {r['seconds_median']} | {r['texts_per_s']} "
+              f"| {r['vs_minilm']}x |")
+
+
+if __name__ == "__main__":
+    main()
