@@ -1,0 +1,105 @@
+"""Benchmark: cold ingest, no-op re-run and peak memory at 10k and 100k documents generated from real ones.
+
+    .venv/bin/python bench/scale.py --docs 10000
+    .venv/bin/python bench/scale.py --docs 100000 --runner process
+
+Documents are the 1,384 Markdown files of ../shared/corpora/markdown, cycled: copy k of a file gets a
+first line naming the copy and a paragraph of its own at the end, so its chunks are not all the
+same texts as the original's (the first and last chunk of each copy are new). The peers' chunk
+settings (512 tokens, 64 overlap), hashing embedder, enrichment off. Each run is its own process
+(start-up reported apart); peak RSS is the run's own and its largest worker's. Writes
+bench/results/scale-<docs>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT.parent / "shared" / "corpora" / "markdown"
+
+
+def generate(target: Path, docs: int) -> int:
+    """Write docs Markdown files under target, cycling the real corpus; return their total bytes."""
+    sources = sorted(CORPUS.rglob("*.md"))
+    total = 0
+    for n in range(docs):
+        src = sources[n % len(sources)]
+        copy = n // len(sources)
+        text = src.read_text(encoding="utf-8", errors="replace")
+        if copy:
+            text = f"Copy {copy} of {src.name}.\n\n{text}\n\nThis is copy {copy} of {src.stem}, page {n}.\n"
+        out = target / f"{copy:03d}" / src.relative_to(CORPUS)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        total += len(text.encode())
+    return total
+
+
+def worker(config: str, out: str) -> None:
+    """One measured run: the flow once, with its timings, counts and peak memory."""
+    start = time.perf_counter()
+    from flows.ingest import ingest
+
+    imported = time.perf_counter()
+    summary = ingest(config_path=config)
+    done = time.perf_counter()
+    Path(out).write_text(json.dumps({
+        "import_s": round(imported - start, 2), "flow_s": round(done - imported, 2),
+        "pipeline_s": summary["pipeline_seconds"],
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "peak_rss_children_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
+        "docs_new": summary["docs_new"], "docs_unchanged": summary["docs_unchanged"],
+        "chunks_written": summary["chunks_written"], "texts_embedded": summary["texts_embedded"],
+        "stage_seconds": summary["stage_seconds"], "versions": summary["versions"]}))
+
+
+def main() -> None:
+    """Generate the corpus, then time a cold ingest and a no-op re-run."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=int, default=10_000)
+    parser.add_argument("--runner", choices=["thread", "process", "dask"], default="thread")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(*args.worker)
+        return
+    if not CORPUS.is_dir():
+        sys.exit(f"needs {CORPUS} (the shared folder beside this checkout)")
+    import yaml
+
+    work = Path(tempfile.mkdtemp(prefix=f"inlet-scale-{args.docs}-", dir="/work" if Path("/work").is_dir() else None))
+    corpus_bytes = generate(work / "corpus", args.docs)
+    config = work / "inlet.yaml"
+    config.write_text(yaml.safe_dump({
+        "sources": [{"name": "gen", "path": str(work / "corpus"), "include": ["**/*.md"]}],
+        "chunking": {"max_tokens": 512, "overlap_tokens": 64}, "enrichment": {"enabled": False},
+        "embedding": {"kind": "hashing", "dim": 384},
+        "execution": {"task_runner": args.runner, "workers": args.workers},
+        "store": {"uri": str(work / "store" / "lancedb"), "artifacts": str(work / "store" / "runs")}}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    results = {"docs": args.docs, "corpus_mb": round(corpus_bytes / 2**20, 1), "runner": args.runner}
+    for scenario in ("cold", "noop"):
+        out = work / f"{scenario}.json"
+        start = time.perf_counter()
+        subprocess.run([sys.executable, __file__, "--worker", str(config), str(out)], cwd=ROOT, env=env, check=True)
+        results[scenario] = {**json.loads(out.read_text()), "process_wall_s": round(time.perf_counter() - start, 2)}
+        print(scenario, json.dumps(results[scenario]), flush=True)
+    dest = ROOT / "bench" / "results" / f"scale-{args.docs}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(results, indent=1))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
