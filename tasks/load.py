@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
@@ -39,6 +40,7 @@ from tasks.store import (
     sql_list,
 )
 
+_KEY_COLUMNS = ["doc_id", "enricher", "enrich_key"]  # what document rows need of a group's embedded chunks
 _DOC_FIELDS = ["source", "title", "uri", "doc_type", "tags", "access_level", "language", "extra", "expires_at"]
 
 
@@ -141,20 +143,26 @@ def _check_vectors(table: lancedb.table.Table, dim: int) -> None:
         raise EmbedderMismatchError(msg)
 
 
-def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table, scope: list[str], dim: int,
-                  result: LoadResult) -> int:
-    """Upsert rows and delete other chunks of the scoped documents in one commit; count into result."""
+def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | pa.RecordBatchReader, scope: list[str],
+                  dim: int, result: LoadResult, num_rows: int | None = None) -> int:
+    """Upsert rows and delete other chunks of the scoped documents in one commit; count into result.
+
+    rows may be a reader (num_rows given): LanceDB then takes the batches as they come, without a
+    concatenated copy of the whole group in memory.
+    """
+    num_rows = rows.num_rows if num_rows is None else num_rows
     table = open_table(db, name)
     if table is None:
-        table = db.create_table(name, rows, schema=chunk_rows_schema(dim))
-        result.chunks_added = result.chunks_written = rows.num_rows
+        table = db.create_table(name, rows if num_rows else chunk_rows_schema(dim).empty_table(),
+                                schema=chunk_rows_schema(dim))
+        result.chunks_added = result.chunks_written = num_rows
         return table.version
     _check_vectors(table, dim)
     ensure_columns(table, chunk_rows_schema(dim))
     if not scope:
         return table.version
     where = f"doc_id IN ({sql_list(scope)})"
-    if rows.num_rows == 0:
+    if num_rows == 0:
         result.chunks_removed = table.count_rows(where)
         if result.chunks_removed:
             table.delete(where)
@@ -246,9 +254,22 @@ def _ids(table: pa.Table, mask: pa.ChunkedArray) -> list[str]:
     return table.filter(mask)["doc_id"].to_pylist()
 
 
+def _chunk_reader(parts: Iterable[pa.Table], documents: pa.Table, extracted: pa.Table, run_id: str,
+                  dim: int) -> pa.RecordBatchReader:
+    """Stream chunk rows batch by batch: each embedded part joined with its documents' fields as it is read."""
+    schema = chunk_rows_schema(dim)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for part in parts:
+            if part.num_rows:
+                yield from chunk_rows(part, documents, extracted, run_id, dim).to_batches()
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
 def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extracted: pa.Table,
                  embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime,
-                 documents_table: str = DOCUMENTS) -> LoadResult:
+                 documents_table: str = DOCUMENTS, parts: Callable[[], Iterable[pa.Table]] | None = None) -> LoadResult:
     """Commit one group of batches: chunks, then their documents' rows (the commit marker), then quarantine rows.
 
     documents holds the rows this group settles: the batches' documents, and in a run's last group the
@@ -259,9 +280,13 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
     documents = with_own_metadata(documents, extracted)
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
     deleted = _ids(documents, pc.equal(documents["change"], "deleted"))
-    rows = chunk_rows(embedded, documents, extracted, run_id, dim)
     result = LoadResult()
-    chunks_version = commit_chunks(db, chunks_table, rows, ok + deleted, dim, result)
+    if parts is None:  # embedded holds every column
+        chunks_version = commit_chunks(db, chunks_table, chunk_rows(embedded, documents, extracted, run_id, dim),
+                                       ok + deleted, dim, result)
+    else:  # embedded holds doc ids and enrichment keys only; the rows come from parts, streamed
+        chunks_version = commit_chunks(db, chunks_table, _chunk_reader(parts(), documents, extracted, run_id, dim),
+                                       ok + deleted, dim, result, num_rows=embedded.num_rows)
     failpoint("chunks-committed")
     doc_rows = document_rows(documents, extracted, embedded, known, settings_fp, run_id, now)
     docs_version = commit_documents(db, doc_rows, deleted, documents_table)
@@ -300,11 +325,13 @@ def upsert_stage(store_uri: str, documents_path: str, extracted_paths: list[str]
     schema = embedded_chunks_schema(dim)
     extracted = (pa.concat_tables([read_artifact(p, EXTRACTED_SCHEMA) for p in extracted_paths])
                  if extracted_paths else EXTRACTED_SCHEMA.empty_table())
-    embedded = (pa.concat_tables([read_artifact(p, schema) for p in embedded_paths])
-                if embedded_paths else schema.empty_table())
+    # The group's rows are read twice, batch by batch: their keys now, whole rows while LanceDB merges them.
+    keys = (pa.concat_tables([read_artifact(p, schema).select(_KEY_COLUMNS) for p in embedded_paths])
+            if embedded_paths else schema.empty_table().select(_KEY_COLUMNS))
     documents = _settled(read_artifact(documents_path, DOCUMENTS_SCHEMA), extracted["doc_id"].to_pylist(), last)
-    result = commit_group(connect(store_uri), chunks_table, documents, extracted, embedded, dim=dim,
-                          settings_fp=settings_fp, run_id=run_id, now=now, documents_table=documents_table)
+    result = commit_group(connect(store_uri), chunks_table, documents, extracted, keys, dim=dim,
+                          settings_fp=settings_fp, run_id=run_id, now=now, documents_table=documents_table,
+                          parts=lambda: (read_artifact(p, schema) for p in embedded_paths))
     get_run_logger().info("chunks: %d added, %d removed, %d reused, %d rows written", result.chunks_added,
                           result.chunks_removed, result.chunks_reused, result.chunks_written)
     failpoint("group-committed")
