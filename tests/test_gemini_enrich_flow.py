@@ -6,15 +6,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import lancedb
-import pyarrow.parquet as pq
 import pytest
 
 from flows.ingest import ingest
 from query import search
 from schemas.arrow import RUN_USAGE, RUNS_SCHEMA
 from schemas.config import DEFAULT_PRICES, load_config
-from tests.gemini_server import Faults, GeminiServer
 from tests.conftest import run_artifact
+from tests.gemini_server import Faults, GeminiServer
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 KEY = "AIza-enrich-key-must-never-leak-42"

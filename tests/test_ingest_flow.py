@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import lancedb
-import pyarrow.parquet as pq
 import pytest
 
 import tasks.load
@@ -42,7 +41,7 @@ def embedded_texts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     original = HashingEmbedder.embed
 
-    def spy(self: HashingEmbedder, texts: list[str], titles: list[str | None] | None = None):  # noqa: ANN202
+    def spy(self: HashingEmbedder, texts: list[str], titles: list[str | None] | None = None):
         seen.extend(texts)
         return original(self, texts, titles)
 
@@ -124,7 +123,7 @@ def test_crash_between_chunk_and_document_commit_converges(corpus, write_config,
     guide.write_text(guide.read_text().replace(OLD_PARAGRAPH, NEW_PARAGRAPH))
     (corpus / "guides" / "knots.md").write_text("# Knots\n\nThe reef knot joins two ends of one line.\n")
 
-    def crash(*_args, **_kwargs):  # noqa: ANN202
+    def crash(*_args, **_kwargs):
         raise RuntimeError("injected crash after the chunk commit")
 
     with monkeypatch.context() as patch:
@@ -139,7 +138,7 @@ def test_crash_between_chunk_and_document_commit_converges(corpus, write_config,
     got_docs, got_chunks = _tables(config)
     ref_docs, ref_chunks = _tables(reference)
     assert got_chunks == ref_chunks
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("mtime_ns",)} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("mtime_ns",)} for r in rows]
     assert strip(got_docs) == strip(ref_docs)
     assert len({c["chunk_id"] for c in got_chunks}) == len(got_chunks)
 

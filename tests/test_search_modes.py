@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import lancedb
-import pyarrow.parquet as pq
 import pytest
 
 from flows.ingest import ingest
@@ -136,7 +135,7 @@ def test_versions_list_runs_and_diff_names_edited_added_and_deleted_documents(st
 def test_ann_index_is_built_past_the_size_threshold_and_reports_its_coverage(tmp_path, write_config):
     corpus = tmp_path / "many"
     corpus.mkdir()
-    words = "tide mooring engine gelcoat halyard spinnaker regatta buoy anchor winch rudder keel".split()
+    words = ["tide", "mooring", "engine", "gelcoat", "halyard", "spinnaker", "regatta", "buoy", "anchor", "winch", "rudder", "keel"]
     for i in range(70):
         sections = "\n\n".join(f"## Part {j}\n\n{words[(i + j) % 12]} notes {i}-{j}: " + " ".join(
             words[(i * j + n) % 12] for n in range(30)) for j in range(5))
