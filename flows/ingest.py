@@ -16,6 +16,7 @@ from providers.enrichers import resolve_enrichment
 from providers.keys import use_secret_block
 from schemas.arrow import DOCUMENTS_SCHEMA
 from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig, load_config
+from schemas.errors import ConfigError
 from tasks.artifacts import is_remote, join, read_artifact, use_storage_options
 from tasks.batch import (
     IndexPlan,
@@ -184,9 +185,15 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
     try:
         with make_task_runner(execution) as runner, \
                 stage_progress("batches", sum(len(b) for b in batches)) as advance:
-            futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": extraction,
-                                                   "plans": plans, "storage": storage})
-                       for n in range(len(batches))]
+            try:  # the Dask client connects on the first submission
+                futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": extraction,
+                                                       "plans": plans, "storage": storage})
+                           for n in range(len(batches))]
+            except OSError as exc:
+                if execution.dask_address is None:  # not a cluster we were pointed at
+                    raise
+                msg = f"execution.dask_address: cannot reach the Dask cluster at {execution.dask_address}: {exc}"
+                raise ConfigError(msg) from None
             # In batch order, so that commits (and what a crash leaves) do not depend on which worker was first.
             for n, future in enumerate(futures):
                 done = future.result()

@@ -11,6 +11,7 @@ import yaml
 
 from flows.ingest import ingest
 from schemas.config import load_config
+from schemas.errors import ConfigError
 from tests.conftest import SAMPLE
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -136,3 +137,13 @@ def test_batches_run_on_an_existing_dask_cluster_given_by_address(sample_referen
     other = ingest(config_path=str(remote))
     assert other["docs_new"] == 5 and other["docs_quarantined"] == 0
     assert _tables(remote) == expected
+
+
+def test_a_dask_address_nobody_answers_is_an_error_naming_the_key(corpus, write_config):
+    import dask
+
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    config = write_config(corpus, execution={"task_runner": "dask", "dask_address": address})
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}), \
+            pytest.raises(ConfigError, match=rf"execution.dask_address: cannot reach the Dask cluster at {address}"):
+        ingest(config_path=str(config))
