@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -45,14 +46,33 @@ def generate(target: Path, docs: int) -> int:
     return total
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS")) / 1024
+
+
+def sample_rss(timeline: list[tuple[float, float]], stop: threading.Event, every_s: float = 0.05) -> None:
+    """Record (seconds since start, RSS MB) of this process until stop is set: where the peak is, not only its size."""
+    start = time.perf_counter()
+    while not stop.wait(every_s):
+        timeline.append((round(time.perf_counter() - start, 2), round(_rss_mb())))
+
+
 def worker(config: str, out: str) -> None:
     """One measured run: the flow once, with its timings, counts and peak memory."""
     start = time.perf_counter()
     from flows.ingest import ingest
 
     imported = time.perf_counter()
+    timeline: list[tuple[float, float]] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_rss, args=(timeline, stop), daemon=True)
+    sampler.start()
     summary = ingest(config_path=config)
     done = time.perf_counter()
+    stop.set()
+    sampler.join()
+    peak_at = max(timeline, key=lambda p: p[1]) if timeline else (0, 0)
     Path(out).write_text(json.dumps({
         "import_s": round(imported - start, 2), "flow_s": round(done - imported, 2),
         "pipeline_s": summary["pipeline_seconds"],
@@ -60,7 +80,9 @@ def worker(config: str, out: str) -> None:
         "peak_rss_children_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
         "docs_new": summary["docs_new"], "docs_unchanged": summary["docs_unchanged"],
         "chunks_written": summary["chunks_written"], "texts_embedded": summary["texts_embedded"],
-        "stage_seconds": summary["stage_seconds"], "versions": summary["versions"]}))
+        "stage_seconds": summary["stage_seconds"], "versions": summary["versions"],
+        "rss_after_import_mb": round(timeline[0][1]) if timeline else None,
+        "peak_sampled_at_s": peak_at[0], "rss_timeline": timeline[::10]}))
 
 
 def main() -> None:
@@ -94,7 +116,8 @@ def main() -> None:
         start = time.perf_counter()
         subprocess.run([sys.executable, __file__, "--worker", str(config), str(out)], cwd=ROOT, env=env, check=True)
         results[scenario] = {**json.loads(out.read_text()), "process_wall_s": round(time.perf_counter() - start, 2)}
-        print(scenario, json.dumps(results[scenario]), flush=True)
+        shown = {k: v for k, v in results[scenario].items() if k != "rss_timeline"}
+        print(scenario, json.dumps(shown), flush=True)
     dest = ROOT / "bench" / "results" / f"scale-{args.docs}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(results, indent=1))

@@ -20,12 +20,14 @@ from schemas.errors import ConfigError
 from tasks.artifacts import is_remote, join, read_artifact, use_storage_options
 from tasks.batch import (
     IndexPlan,
+    batch_bytes,
     batch_stage,
     merge_usage,
     merge_validation,
     plan_batches,
     write_batch_documents,
 )
+from tasks.cpu import close_cpu_pool, default_workers, start_cpu_pool, worth_a_pool
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
 from tasks.extract import close_pools
@@ -131,6 +133,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         per_index = [read_artifact(documents, DOCUMENTS_SCHEMA) for _, documents in detected]
         batches = clock.run("plan batches", plan_batches, per_index, cfg.execution.batch_docs, cfg.execution.batch_mb)
         write_batch_documents(per_index, plans, batches)
+        work_bytes = batch_bytes(per_index[0], batches)
         del per_index  # the batches read their own share
         writers = [Writer(store, documents, commit_rows=cfg.execution.commit_rows,
                           chunks_table=plan.cfg.store.chunks_table, documents_table=plan.cfg.store.documents_table,
@@ -140,7 +143,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         # Web pages are fetched into the artifact folder: workers read them back with its options.
         storage |= {s.name: cfg.store.artifacts_options for s in cfg.sources if s.kind == "web"}
         done = clock.run("batches", _run_batches, cfg.execution, cfg.extraction, batches, run_dir, plans, storage,
-                         writers)
+                         writers, work_bytes)
         clock.seconds.update(done["seconds"])
 
         summaries = []
@@ -176,13 +179,16 @@ def _jobs_dir(cfg: InletConfig) -> str:
 
 
 def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batches: list[list[str]], run_dir: str,
-                 plans: list[IndexPlan], storage: dict[str, dict], writers: list[Writer]) -> dict:
+                 plans: list[IndexPlan], storage: dict[str, dict], writers: list[Writer], work_bytes: int) -> dict:
     """Run every batch on the task runner; hand each finished batch to the writers in order; return the totals."""
     totals = {"indexes": [{"extracted": [], "texts": {}, "usage": {}, "validation": []} for _ in plans],
               "notices": [], "seconds": {}}
     if not batches:
         return totals
+    spans: list[tuple[float, float]] = []
     try:
+        if execution.task_runner == "thread" and worth_a_pool(work_bytes):
+            start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
         with make_task_runner(execution) as runner, \
                 stage_progress("batches", sum(len(b) for b in batches)) as advance:
             try:  # the Dask client connects on the first submission
@@ -205,9 +211,13 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
                     total["validation"] = merge_validation(total["validation"], result["validation"])
                 totals["notices"].extend(x for x in done["notices"] if x not in totals["notices"])
                 totals["seconds"] = merge_usage(totals["seconds"], done["seconds"])
+                spans.append(done["span"])
                 advance(len(batches[n]))
     finally:
         close_pools()  # extraction workers started by batches in this process
+        close_cpu_pool()
     # Stage seconds are summed over batches: with several workers they add up to more than the wall time.
     totals["seconds"] = {k: round(v, 3) for k, v in totals["seconds"].items()}
+    # First batch start to last batch end: the batches' own time, without the runner's start-up.
+    totals["seconds"]["batch span"] = round(max(e for _, e in spans) - min(b for b, _ in spans), 3)
     return totals

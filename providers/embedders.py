@@ -56,23 +56,36 @@ class HashingEmbedder:
         self.dim = dim
         self.fingerprint = f"hashing-v1:dim={dim}"
         self.languages: frozenset[str] | None = None  # token hashing reads any language alike
+        self._cache: dict[str, int] = {}
 
-    @functools.lru_cache(maxsize=1 << 18)  # noqa: B019 - embedder instances live for a whole run
-    def _feature(self, word: str) -> int:
-        # blake2b, not hash(): stable across processes regardless of PYTHONHASHSEED.
-        return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+    def _features(self, words: list[str]) -> list[int]:
+        cache = self._cache
+        out = [cache.get(w) for w in words]
+        if None in out:
+            for i, word in enumerate(words):
+                if out[i] is None:
+                    # blake2b, not hash(): stable across processes regardless of PYTHONHASHSEED.
+                    out[i] = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+                    if len(cache) < 1 << 18:  # a bounded memo: a run meets the same words again and again
+                        cache[word] = out[i]
+        return out
 
-    def embed(self, texts: list[str], titles: list[str | None] | None = None) -> np.ndarray:  # noqa: ARG002
+    def embed(self, texts: list[str], titles: list[str | None] | None = None) -> np.ndarray:
         """Return hashed bag-of-words vectors (titles are not part of the input)."""
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for row, text in enumerate(texts):
-            feats = np.fromiter((self._feature(w) for w in self._WORD.findall(text.lower())), dtype=np.uint64)
-            if feats.size == 0:
-                out[row, 0] = 1.0  # a word-less text still gets a unit vector
-                continue
-            buckets = (feats % np.uint64(self.dim)).astype(np.int64)
-            signs = np.where(feats >> np.uint64(63), 1.0, -1.0).astype(np.float32)
-            np.add.at(out[row], buckets, signs)
+        counts: list[int] = []
+        feats: list[int] = []
+        for text in texts:
+            words = self._WORD.findall(text.lower())
+            counts.append(len(words))
+            feats.extend(self._features(words))
+        hashed = np.array(feats, dtype=np.uint64)
+        rows = np.repeat(np.arange(len(texts)), counts)
+        cells = rows * self.dim + (hashed % np.uint64(self.dim)).astype(np.int64)
+        signs = np.where(hashed >> np.uint64(63), 1.0, -1.0)
+        # One bincount for the whole batch: the same sums as adding each word's sign to its bucket.
+        out = np.bincount(cells, weights=signs, minlength=len(texts) * self.dim)
+        out = out.reshape(len(texts), self.dim).astype(np.float32)
+        out[np.asarray(counts) == 0, 0] = 1.0  # a word-less text still gets a unit vector
         return _normalise(out)
 
     def truncated(self, texts: list[str]) -> list[bool]:
@@ -100,7 +113,7 @@ class MiniLMEmbedder:
         self.fingerprint = MINILM_FINGERPRINT
         self.languages: frozenset[str] | None = frozenset({"en"})  # trained on English only
 
-    def embed(self, texts: list[str], titles: list[str | None] | None = None) -> np.ndarray:  # noqa: ARG002
+    def embed(self, texts: list[str], titles: list[str | None] | None = None) -> np.ndarray:
         """Return MiniLM sentence vectors (titles are not part of the input)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
@@ -179,7 +192,7 @@ class StaticEmbedder:
         self._model = StaticModel.from_pretrained(str(static_model_dir()))
         self.languages: frozenset[str] | None = frozenset({"en"})
 
-    def embed(self, texts: list[str], titles: list[str | None] | None = None) -> np.ndarray:  # noqa: ARG002
+    def embed(self, texts: list[str], titles: list[str | None] | None = None) -> np.ndarray:
         """Return the normalised mean of each text's word-piece vectors."""
         return _normalise(np.asarray(self._model.encode(texts, max_length=None, show_progress_bar=False),
                                      dtype=np.float32))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 
+import numpy as np
 import tiktoken
 
 from providers.offline import TIKTOKEN_DIR
@@ -43,12 +44,32 @@ def decode(tokens: list[int]) -> str:
     return encoding().decode(tokens)
 
 
+@functools.cache
+def _token_bytes() -> np.ndarray:
+    """Byte length of every token id (special tokens included), for offsets without decoding."""
+    enc = encoding()
+    lengths = np.zeros(enc.n_vocab, dtype=np.int64)
+    for token in range(enc.n_vocab):
+        try:
+            lengths[token] = len(enc.decode_single_token_bytes(token))
+        except KeyError:  # an id cl100k leaves unused
+            continue
+    return lengths
+
+
 def token_offsets(text: str) -> tuple[list[int], list[int]]:
     """Return (tokens, character offset where each token starts, plus len(text) at the end).
 
     A token that begins inside a multi-byte character counts from that character, so cutting text at
-    these offsets never splits a character (decoding a token slice could, leaving U+FFFD behind).
+    these offsets never splits a character (decoding a token slice could, leaving U+FFFD behind). The
+    offsets are tiktoken's decode_with_offsets', computed from token byte lengths in NumPy.
     """
     tokens = encode(text)
-    decoded, offsets = encoding().decode_with_offsets(tokens)
-    return tokens, [*offsets, len(decoded)]
+    if not tokens:
+        return tokens, [len(text)]
+    lengths = _token_bytes()[np.asarray(tokens)]
+    starts = np.cumsum(lengths) - lengths  # byte offset of each token
+    raw = np.frombuffer(text.encode(), dtype=np.uint8)
+    # Index of the character each byte belongs to: count the bytes that begin a character.
+    char_of_byte = np.cumsum((raw & 0xC0) != 0x80) - 1
+    return tokens, [*np.maximum(char_of_byte[starts], 0).tolist(), len(text)]

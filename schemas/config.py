@@ -437,6 +437,10 @@ class ExecutionConfig(_Strict):
                          "local Dask cluster, its worker processes).")
     dask_address: str | None = Field(None, description="Scheduler of an existing Dask cluster (tcp://host:8786); "
                                      "none starts a local cluster of `workers` processes for the run.")
+    cpu_workers: int | None = Field(None, ge=0, le=64, description="With the thread runner: worker processes "
+                                    "sharing the batches' Markdown extraction and chunking (Python work that threads "
+                                    "cannot run in parallel); 0 keeps it in the run's process; none means one per "
+                                    "core, at most four. Started only for runs with 2 MB of documents to process.")
 
     @model_validator(mode="after")
     def _address_needs_dask(self) -> ExecutionConfig:

@@ -86,6 +86,12 @@ def plan_batches(per_index: list[pa.Table], batch_docs: int, batch_mb: float) ->
     return batches
 
 
+def batch_bytes(documents: pa.Table, batches: list[list[str]]) -> int:
+    """Listed bytes of the documents the batches will process. Pure."""
+    planned = pc.is_in(documents["doc_id"], pa.array([d for ids in batches for d in ids], pa.string()))
+    return int(pc.sum(pc.fill_null(documents.filter(planned)["size"], 0)).as_py() or 0)
+
+
 def write_batch_documents(per_index: list[pa.Table], plans: list[IndexPlan], batches: list[list[str]]) -> None:
     """Write each batch's share of each index's documents table where the batch will read it."""
     for number, ids in enumerate(batches):
@@ -139,13 +145,15 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
                 storage: dict[str, dict]) -> dict:
     """Extract one batch once, then chunk, enrich, embed and validate it for every index.
 
-    Returns {"indexes": one result per plan, "notices": [...], "seconds": {stage: seconds}}; every table
-    it made is an artifact under the batch's folder, so the batch may run on another machine.
+    Returns {"indexes": one result per plan, "notices": [...], "seconds": {stage: seconds}, "span": its start
+    and end, wall clock}; every table it made is an artifact under the batch's folder, so the batch may run
+    on another machine.
     """
     store = plans[0].cfg.store
     use_storage_options(store.artifacts, store.artifacts_options)  # a worker process starts without them
     use_store_options(store.uri, store.options)
     seconds: dict[str, float] = {}
+    began = time.time()  # wall clock, comparable across worker processes: the run's batch span
     with quiet_stages():
         here = batch_dir(run_dir, number)
         documents = [join(batch_dir(p.run_dir, number), "documents.parquet") for p in plans]
@@ -154,7 +162,7 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
         failpoint("batch-extracted")
         results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, seconds) for plan in plans]
     failpoint("batch-validated")
-    return {"indexes": results, "notices": notices, "seconds": seconds}
+    return {"indexes": results, "notices": notices, "seconds": seconds, "span": (began, time.time())}
 
 
 def merge_usage(total: dict, more: dict) -> dict:

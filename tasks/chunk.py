@@ -15,6 +15,7 @@ from providers.tokenizer import encode, encoding, token_offsets
 from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA
 from schemas.config import ChunkingConfig, ChunkStrategy
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.cpu import map_parts, split_by_size
 from tasks.stage import stage
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t#]*$")
@@ -294,13 +295,20 @@ def chunk_rows(doc_id: str, pieces: list[Piece]) -> list[dict]:
     ]
 
 
+def _chunk_documents(docs: list[tuple[str, list[dict]]], cfg: ChunkingConfig) -> list[dict]:
+    """Chunk rows of several documents, each given as (doc_id, its element rows in order)."""
+    return [r for doc_id, rows in docs for r in chunk_rows(doc_id, pieces_for_document(rows, cfg))]
+
+
 def chunk_elements(elements: pa.Table, cfg: ChunkingConfig) -> pa.Table:
-    """Chunk every document in the elements table. Pure."""
+    """Chunk every document in the elements table, in doc_id order (parts on the CPU pool when there is one)."""
     by_doc: dict[str, list[dict]] = {}
     for row in elements.sort_by([("doc_id", "ascending"), ("element_index", "ascending")]).to_pylist():
         by_doc.setdefault(row["doc_id"], []).append(row)
-    rows = [r for doc_id, doc_rows in by_doc.items() for r in chunk_rows(doc_id, pieces_for_document(doc_rows, cfg))]
-    return pa.Table.from_pylist(rows, schema=CHUNKS_SCHEMA)
+    docs = list(by_doc.items())
+    parts = split_by_size(docs, [sum(len(r["text"]) for r in rows) for _, rows in docs])
+    done = map_parts(functools.partial(_chunk_documents, cfg=cfg), parts)
+    return pa.Table.from_pylist([r for rows in done for r in rows], schema=CHUNKS_SCHEMA)
 
 
 @stage("chunk")

@@ -44,16 +44,17 @@ def _outside_fences(text: str, fn: Callable[[str], str]) -> str:
     prose: list[str] = []
     fence: str | None = None
     for line in text.split("\n"):
+        if fence is not None:  # code lines go out as they are, one by one: no string grows line by line
+            out.append(line)
+            if line.strip().startswith(fence) and not line.strip().strip(fence[0]):
+                fence = None
+            continue
         match = _FENCE.match(line)
-        if fence is None and match:
+        if match:
             if prose:
                 out.append(fn("\n".join(prose)))
             prose, fence = [], match.group(1)[0] * 3
             out.append(line)
-        elif fence is not None:
-            out[-1] += "\n" + line
-            if line.strip().startswith(fence) and not line.strip().strip(fence[0]):
-                fence = None
         else:
             prose.append(line)
     if prose:

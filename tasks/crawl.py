@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import mimetypes
@@ -54,6 +55,11 @@ def metadata_fields(src: SourceConfig, rel: str = "") -> dict:
     return fields
 
 
+@functools.cache
+def _mime(suffix: str) -> str | None:
+    return mimetypes.guess_type(f"x{suffix}")[0]
+
+
 _GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE  # ** spans folders, {md,txt} alternatives
 
 
@@ -65,31 +71,46 @@ def path_filter(include: tuple[str, ...], exclude: tuple[str, ...]) -> Callable[
 
 
 def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...],
-                   outside: list[str] | None = None) -> list[tuple[str, Path]]:
-    """Return (relative posix path, path) of files under root matched by include and not by exclude, sorted.
+                   outside: list[str] | None = None) -> list[tuple[str, Path, os.stat_result]]:
+    """Return (relative posix path, path, stat) of files under root matched by include and not by exclude, sorted.
 
     Symlinked folders are not followed; a symlinked file is taken only when it resolves inside root,
-    so no link can lead the crawl elsewhere. Links that would are named in outside.
+    so no link can lead the crawl elsewhere. Links that would are named in outside. A file that
+    vanishes while listed (or a dangling link) is left out.
     """
     taken = path_filter(include, exclude)
     real_root = root.resolve()
     out = []
-    # os.walk does not follow symlinked folders, and is several times faster than Path.glob here.
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        base = Path(dirpath)
-        prefix = base.relative_to(root).as_posix()
-        for name in filenames:
-            rel = name if prefix == "." else f"{prefix}/{name}"
-            if not taken(rel):
+    pending = [(root, "")]
+    # os.scandir: one directory read gives names, kinds and (for plain files) no extra lstat; several
+    # times faster than Path.glob, and symlinked folders are not entered.
+    while pending:
+        folder, prefix = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            if folder == root:
+                raise
+            continue
+        for entry in entries:
+            rel = f"{prefix}{entry.name}"
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((Path(entry.path), f"{rel}/"))
+                    continue
+                if entry.is_symlink() and entry.is_dir():
+                    continue  # a symlinked folder: never entered
+                if not taken(rel):
+                    continue
+                if entry.is_symlink() and not Path(entry.path).resolve().is_relative_to(real_root):
+                    if outside is not None:
+                        outside.append(rel)
+                    continue
+                stat = entry.stat()  # follows a link (inside root) to its file
+            except OSError:
                 continue
-            path = base / name
-            if path.is_symlink() and not path.resolve().is_relative_to(real_root):
-                if outside is not None:
-                    outside.append(rel)
-                continue
-            out.append((rel, path))
-    return sorted(out)
+            out.append((rel, Path(entry.path), stat))
+    return sorted(out, key=lambda item: item[0])
 
 
 @dataclass
@@ -231,14 +252,11 @@ def list_source(src: SourceConfig, known: dict[str, dict] | None = None, fetched
     except OSError as exc:
         return Listed(failure=f"folder {src.path} could not be listed ({exc})")
     rows = []
-    for rel, path in files:
-        try:
-            stat = path.stat()
-        except OSError:  # a dangling symlink or a file removed while listing: not a document now
-            continue
+    plain = None if src.metadata_rules else metadata_fields(src)  # the same for every file: made once
+    for rel, path, stat in files:
         rows.append({"doc_id": f"{src.name}:{rel}", "source": src.name, "path": str(path),
                      "uri": path.as_uri(), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                     "mime": mimetypes.guess_type(path.name)[0], **metadata_fields(src, rel)})
+                     "mime": _mime(path.suffix), **(plain or metadata_fields(src, rel))})
     shown = ", ".join(outside[:5]) + (" ..." if len(outside) > 5 else "")
     notice = f"source '{src.name}': {len(outside)} symlinked file(s) lead outside {src.path}, not crawled: {shown}"
     notices = [notice] if outside else []
@@ -251,7 +269,9 @@ def crawl_sources(cfg: InletConfig, known: pa.Table | None = None,
 
     known (the documents table) gives web pages their validators; fetched pages are saved under run_dir.
     """
-    by_id = {r["doc_id"]: r for r in known.to_pylist()} if known is not None else {}
+    # Only web sources read the known rows (their validators): no Python copy of the table otherwise.
+    web = known is not None and any(src.kind == "web" for src in cfg.sources)
+    by_id = {r["doc_id"]: r for r in known.to_pylist()} if web else {}
     rows: list[dict] = []
     failed: dict[str, str] = {}
     notices: list[str] = []

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import multiprocessing
-import multiprocessing.context
 import re
 import threading
 import zipfile
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import yaml
-from prefect import get_run_logger
 
 from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.clean import clean_html, clean_markdown, drop_repeated_page_lines
+from tasks.cpu import map_parts, split_by_size, worker_context
 from tasks.metadata import (
     detect_language,
     front_matter_metadata,
@@ -454,14 +454,19 @@ _PARTITIONERS = ["unstructured.partition.pdf", "unstructured.partition.docx", "u
                  "unstructured.partition.xml", "unstructured.partition.text"]
 
 
-def _worker_context() -> multiprocessing.context.BaseContext:
-    """A forkserver that has imported the partitioners once, so each new worker starts in milliseconds.
+def _import_partitioners() -> None:
+    """Import unstructured's partitioners in a new extraction worker, before it takes a document.
 
-    Forking the run's own process is not safe: Prefect's threads may hold locks at the moment of the fork.
+    Seconds of imports per worker, kept out of the first document's time limit; the forkserver itself
+    stays light so that the CPU pool's workers (Markdown, chunking) start at once.
     """
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["tasks.extract", "tasks.spacy_fallback", *_PARTITIONERS])
-    return ctx
+    import importlib
+
+    from tasks.spacy_fallback import install_fallback_if_needed
+
+    install_fallback_if_needed()
+    for name in _PARTITIONERS:
+        importlib.import_module(name)
 
 
 class ExtractionPool:
@@ -475,7 +480,8 @@ class ExtractionPool:
         import pebble
 
         self._cfg = cfg
-        self._pool = pebble.ProcessPool(max_workers=cfg.workers, context=_worker_context())
+        self._pool = pebble.ProcessPool(max_workers=cfg.workers, context=worker_context(),
+                                        initializer=_import_partitioners)
 
     def submit(self, doc_id: str, path: str, detect: bool = False, storage_options: dict | None = None) -> object:
         """Schedule one document; its time limit starts when a worker picks it up."""
@@ -562,6 +568,18 @@ def _quarantined(doc: dict, exc: ExtractionError) -> dict:
             "message": exc.message, "content_hash": doc["content_hash"]}
 
 
+def _extract_inline(docs: list[dict], cfg: ExtractionConfig, storage: dict[str, dict]) -> list[Extracted | ExtractionError]:
+    """Extract documents in this process (or a CPU-pool worker): each one's result, or the error that quarantines it."""
+    out: list[Extracted | ExtractionError] = []
+    for doc in docs:
+        try:
+            out.append(extract_document(doc["doc_id"], doc["path"], cfg, doc.get("member"), doc["language"] is None,
+                                        storage.get(doc["source"])))
+        except ExtractionError as exc:
+            out.append(exc)
+    return out
+
+
 def extract_documents(documents: pa.Table, cfg: ExtractionConfig, advance: Callable[[int], None] | None = None,
                       storage: dict[str, dict] | None = None) -> tuple[pa.Table, pa.Table]:
     """Extract every new or changed document; failures become 'quarantined' rows, not exceptions.
@@ -577,6 +595,11 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig, advance: Calla
     # Detection only where neither the source nor (later) the document says which language it is in.
     futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"], d["language"] is None, storage.get(d["source"]))
                for d in pooled}
+    # Markdown and bundle pages: in this process, or shared with the CPU pool when the run has one.
+    inline = [d for d in todo if d["size"] <= limit and d["doc_id"] not in futures]
+    parts = split_by_size(inline, [d["size"] or 0 for d in inline])
+    done = map_parts(functools.partial(_extract_inline, cfg=cfg, storage=storage), parts)
+    inline_results = {d["doc_id"]: r for part, results in zip(parts, done) for d, r in zip(part, results)}
     elements: list[dict] = []
     extracted: list[dict] = []
     for doc in todo:
@@ -584,9 +607,9 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig, advance: Calla
             if doc["size"] > limit:  # listed sizes: web pages and objects have no file to stat
                 raise ExtractionError("too_large", f"{doc['size']} bytes is over the {cfg.max_file_mb:g} MB limit")
             future = futures.get(doc["doc_id"])
-            result = (pool.result(future) if future
-                      else extract_document(doc["doc_id"], doc["path"], cfg, doc.get("member"),
-                                            doc["language"] is None, storage.get(doc["source"])))
+            result = pool.result(future) if future else inline_results[doc["doc_id"]]
+            if isinstance(result, ExtractionError):
+                raise result
         except ExtractionError as exc:
             extracted.append(_quarantined(doc, exc))
         else:
@@ -614,6 +637,9 @@ def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str,
             notices.append(IN_PROCESS_NOTICE)
     with stage_progress("extract", len(todo)) as advance:
         elements, extracted = extract_documents(documents, cfg, advance, storage)
+    # Imported here, not at the top: the CPU pool's workers import this module without Prefect.
+    from prefect import get_run_logger
+
     failed = extracted.filter(pa.compute.equal(extracted["status"], "quarantined"))
     logger = get_run_logger()
     logger.info("extracted %d documents into %d elements; %d quarantined", len(todo), elements.num_rows, failed.num_rows)

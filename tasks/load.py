@@ -38,6 +38,7 @@ from tasks.store import (
     open_table,
     select_where_in,
     sql_list,
+    tagged_version,
 )
 
 _KEY_COLUMNS = ["doc_id", "enricher", "enrich_key"]  # what document rows need of a group's embedded chunks
@@ -235,18 +236,21 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
         # Every search prefilters on clearance and expiry: scalar indexes keep that from scanning the table.
         table.create_index("access_level", config=Bitmap(), replace=True)
         table.create_index("expires_at", config=BTree(), replace=True)
-    columns = {"fulltext": "text", "vector": "vector"}
-    coverage = {name: _unindexed(table, column) for name, column in columns.items()}
-    if any(name and unindexed > MAX_UNINDEXED for name, _, unindexed in coverage.values()):
+    if any(unindexed > MAX_UNINDEXED for _, unindexed in _coverage(table).values()):
         # No pruning here: old versions are what as_of reads; the maintenance flow decides their retention.
         table.optimize(cleanup_older_than=timedelta(days=36_500))
-        coverage = {name: _unindexed(table, column) for name, column in columns.items()}
-    return {name: {"indexed": n, "unindexed": u} for name, (index, n, u) in coverage.items() if index}
+    return {name: {"indexed": n, "unindexed": u} for name, (n, u) in _coverage(table).items()}
+
+
+def _coverage(table: lancedb.table.Table) -> dict[str, tuple[int, int]]:
+    """(indexed, unindexed) rows of the full-text and vector indexes that exist."""
+    coverage = {name: _unindexed(table, column) for name, column in (("fulltext", "text"), ("vector", "vector"))}
+    return {name: (n, u) for name, (index, n, u) in coverage.items() if index}
 
 
 def tag_version(table: lancedb.table.Table, tag: str) -> None:
     """Tag the table's current version (no-op if the tag exists)."""
-    if tag not in table.tags.list():
+    if tagged_version(table, tag) is None:
         table.tags.create(tag, table.version)
 
 
@@ -302,10 +306,17 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
 def publish(table: lancedb.table.Table, run_id: str) -> None:
     """Tag the table's current version with the run id and point readers at it (the published tag)."""
     tag_version(table, run_id)
-    if PUBLISHED_TAG in table.tags.list():
-        table.tags.update(PUBLISHED_TAG, table.version)
-    else:
+    if tagged_version(table, PUBLISHED_TAG) is None:
         table.tags.create(PUBLISHED_TAG, table.version)
+    else:
+        table.tags.update(PUBLISHED_TAG, table.version)
+
+
+def published_current(table: lancedb.table.Table, *, fulltext: bool) -> bool:
+    """Tell whether readers already see the table's latest version with the indexes the config asks for."""
+    if tagged_version(table, PUBLISHED_TAG) != table.version:
+        return False  # new rows, or a run that committed and stopped before publishing
+    return not fulltext or _unindexed(table, "text")[0] is not None or table.count_rows() == 0
 
 
 def _settled(documents: pa.Table, ids: list[str], last: bool) -> pa.Table:
@@ -366,8 +377,13 @@ class Writer:
         self._args = {"chunks_table": chunks_table, "documents_table": documents_table, "dim": dim,
                       "settings_fp": settings_fp, "run_id": run_id, "now": now}
         self._pending: list[dict] = []
+        self._committed = False
         self.result = LoadResult()
         self.seconds = {"upsert": 0.0, "publish": 0.0}
+
+    def _settled_already(self) -> bool:
+        """Tell whether the run's documents leave the last group nothing to commit (no deletions, nothing touched)."""
+        return _settled(read_artifact(self._documents, DOCUMENTS_SCHEMA), [], last=True).num_rows == 0
 
     def add(self, batch: dict) -> None:
         """Take a finished batch ({extracted, embedded, rows}); commit the group once it holds commit_rows rows."""
@@ -380,15 +396,28 @@ class Writer:
         done = upsert_stage(self._store, self._documents, [b["extracted"] for b in self._pending],
                             [b["embedded"] for b in self._pending], last=last, **self._args)
         self._pending = []
+        self._committed = True
         for name in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written", "docs_quarantined"):
             setattr(self.result, name, getattr(self.result, name) + done[name])
         self.result.versions.update(done["versions"])
         self.seconds["upsert"] += time.perf_counter() - start
 
     def finish(self, *, fulltext_index: bool, ann_min_rows: int) -> dict:
-        """Commit the last group with the run's deletions, refresh indexes, tag and publish; return the totals."""
-        self._commit(last=True)
+        """Commit the last group with the run's deletions, refresh indexes, tag and publish; return the totals.
+
+        A run with nothing to commit, over a store whose latest version is published already, only tags
+        that version with its run id: no upsert or publish task, no index check beyond a glance.
+        """
+        if self._pending or self._committed or not self._settled_already():
+            self._commit(last=True)
         start = time.perf_counter()
+        table = None if self._committed else open_table(connect(self._store), self._args["chunks_table"])
+        if table is not None and published_current(table, fulltext=fulltext_index):
+            tag_version(table, self._args["run_id"])
+            self.result.indexes = {name: {"indexed": n, "unindexed": u} for name, (n, u) in _coverage(table).items()}
+            self.result.versions[self._args["chunks_table"]] = table.version
+            self.seconds["publish"] = time.perf_counter() - start
+            return asdict(self.result)
         published = publish_stage(self._store, self._args["chunks_table"], self._args["run_id"],
                                   fulltext_index=fulltext_index, ann_min_rows=ann_min_rows)
         self.seconds["publish"] = time.perf_counter() - start

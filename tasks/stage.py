@@ -2,17 +2,54 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
+
+class Stage:
+    """A stage function that becomes its Prefect task on first call.
+
+    Modules holding stages then import without Prefect (~1 s): the worker processes of the CPU pool
+    (tasks/cpu.py) load them for their pure functions and never run a stage.
+    """
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        functools.update_wrapper(self, fn)
+        self.name = name
+        self.fn = fn
+        self._task: Any = None
+        self._lock = threading.Lock()
+
+    def task(self) -> Any:
+        """Return the Prefect task, made once."""
+        with self._lock:
+            if self._task is None:
+                from prefect import task
+                from prefect.cache_policies import NO_CACHE
+
+                self._task = task(name=self.name, cache_policy=NO_CACHE)(self.fn)
+            return self._task
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the stage as a Prefect task (inside a flow or task run; plainly outside one)."""
+        return self.task()(*args, **kwargs)
+
+    def __reduce__(self) -> tuple:
+        """Pickle as a reference to the module attribute, as functions are (Dask ships the batch task by value)."""
+        return (_stage_named, (self.fn.__module__, self.fn.__qualname__))
 
 
-def stage(name: str) -> Callable[[Callable[..., Any]], Any]:
+def _stage_named(module: str, name: str) -> Stage:
+    return getattr(importlib.import_module(module), name)
+
+
+def stage(name: str) -> Callable[[Callable[..., Any]], Stage]:
     """Wrap a stage function as a Prefect task with a readable name.
 
     No Prefect result cache: LanceDB and the content-keyed model caches decide what is redone,
     and hashing the inputs (tables among them) on every call would be wasted work.
     """
-    return task(name=name, cache_policy=NO_CACHE)
+    return lambda fn: Stage(fn, name)

@@ -67,6 +67,16 @@ def open_table(db: lancedb.DBConnection, name: str) -> lancedb.table.Table | Non
         return None  # its folder is there but the run's writer has not finished creating it: nothing to read yet
 
 
+def tagged_version(table: lancedb.table.Table, tag: str) -> int | None:
+    """Return the version a tag points at, or None when the table has no such tag (one small read, however many tags)."""
+    try:
+        return table.tags.get_version(tag)
+    except (RuntimeError, ValueError) as exc:
+        if "does not exist" not in str(exc) and "not found" not in str(exc):
+            raise
+        return None
+
+
 def sql_list(values: Iterable[str]) -> str:
     """Render values as a SQL IN list of single-quoted literals."""
     return ", ".join("'" + v.replace("'", "''") + "'" for v in values)

@@ -128,7 +128,7 @@ def test_a_run_killed_at_every_stage_boundary_and_inside_the_upsert_converges_wi
         summary = ingest(config_path=str(config))
         assert _tables(config) == expected, f"killed at {point}: the tables differ from an uninterrupted run's"
         run_dir = Path(load_config(config).store.artifacts) / summary["run_id"]
-        done = run_artifact(run_dir, "embedded_chunks-validated")
+        done = run_artifact(run_dir, "embedded_chunks")
         if done.num_rows:
             again = {k for k, now in zip(done["embed_key"].to_pylist(), done["embedded_now"].to_pylist()) if now}
             assert not again & embed_keys, f"killed at {point}: committed vectors were embedded again"

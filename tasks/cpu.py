@@ -1,0 +1,122 @@
+"""Worker processes for a batch's pure CPU work (Markdown extraction, chunking) beside the thread runner.
+
+Batches in threads share one interpreter lock, so Python-heavy work (cleaning Markdown, detecting
+languages, packing chunks) would not run in parallel. The flow starts this pool when the thread
+runner has that kind of work; the batch's stages cut their work into parts and hand them to it, the
+calling thread working through parts nobody has taken yet (so the workers' start-up, a second or
+two of imports in their forkserver, never leaves the run waiting). Results come back in part order: a run's tables are the same
+with the pool or without it. With the process or Dask runner, batches already run in processes of
+their own and do this work themselves.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+PART_BYTES = 256 * 1024  # text per part: enough to outweigh a round trip, small enough to share out evenly
+MIN_BYTES = 2 * 1024 * 1024  # less in-process work than this in a run: no pool, its start-up would not pay
+
+_POOL: ProcessPoolExecutor | None = None
+_WORKERS = 0
+_LOCK = threading.Lock()
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """The forkserver every worker process of a run is forked from (this pool's and the extraction pool's).
+
+    Forking the run's own process is not safe: Prefect's threads may hold locks at the moment of the
+    fork. The server is a fresh interpreter that loads tasks.preload once; the workers fork from it.
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["tasks.preload"])
+    return ctx
+
+
+def worth_a_pool(work_bytes: int) -> bool:
+    """Tell whether a run with this many bytes of documents to process should start the pool."""
+    return work_bytes >= MIN_BYTES
+
+
+def default_workers() -> int:
+    """Worker processes when execution.cpu_workers is not set: one per core, at most four."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+def start_cpu_pool(workers: int) -> None:
+    """Start this process's pool (no-op when it runs already or workers is 0); workers warm up at once."""
+    global _POOL, _WORKERS
+    with _LOCK:
+        if _POOL is not None or workers <= 0:
+            return
+        _POOL = ProcessPoolExecutor(max_workers=workers, mp_context=worker_context())
+        _WORKERS = workers
+        for _ in range(workers):
+            _POOL.submit(int)  # makes the executor start every worker now, not on the first real part
+
+
+def cpu_pool() -> tuple[ProcessPoolExecutor | None, int]:
+    """Return this process's pool and its worker count, (None, 0) when none was started."""
+    return _POOL, _WORKERS
+
+
+def close_cpu_pool() -> None:
+    """Stop the pool (the run's end)."""
+    global _POOL, _WORKERS
+    with _LOCK:
+        pool, _POOL, _WORKERS = _POOL, None, 0
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def split_by_size(items: Sequence[T], sizes: Sequence[int], part_bytes: int | None = None) -> list[list[T]]:
+    """Cut items into consecutive parts of about part_bytes each (an item larger than that is a part alone)."""
+    limit = PART_BYTES if part_bytes is None else part_bytes
+    parts: list[list[T]] = []
+    current: list[T] = []
+    size = 0
+    for item, n in zip(items, sizes):
+        if current and size + n > limit:
+            parts.append(current)
+            current, size = [], 0
+        current.append(item)
+        size += n
+    if current:
+        parts.append(current)
+    return parts
+
+
+def map_parts(fn: Callable[[T], R], parts: Sequence[T]) -> list[R]:
+    """Apply fn to every part, on the pool when there is one and more than one part; results in part order.
+
+    The pool gets at most one part per worker at a time from this call; the calling thread takes parts
+    from the end meanwhile, so the work is shared even while the workers are still starting.
+    """
+    pool, workers = cpu_pool()
+    if pool is None or len(parts) < 2:
+        return [fn(p) for p in parts]
+    results: list[Any] = [None] * len(parts)
+    pending = deque(range(len(parts)))
+    running: dict[Future, int] = {}
+    while pending or running:
+        while pending and len(running) < workers:
+            i = pending.popleft()
+            running[pool.submit(fn, parts[i])] = i
+        if pending:
+            i = pending.pop()
+            results[i] = fn(parts[i])
+            finished = [f for f in running if f.done()]
+        else:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in finished:
+            results[running.pop(future)] = future.result()
+    return results
