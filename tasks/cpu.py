@@ -11,6 +11,7 @@ their own and do this work themselves.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import multiprocessing.context
 import os
@@ -28,6 +29,7 @@ MIN_BYTES = 2 * 1024 * 1024  # less in-process work than this in a run: no pool,
 
 _POOL: ProcessPoolExecutor | None = None
 _WORKERS = 0
+_STARTER: threading.Thread | None = None
 _LOCK = threading.Lock()
 
 
@@ -53,27 +55,47 @@ def default_workers() -> int:
 
 
 def start_cpu_pool(workers: int) -> None:
-    """Start this process's pool (no-op when it runs already or workers is 0); workers warm up at once."""
-    global _POOL, _WORKERS
+    """Start this process's pool in the background (no-op when one runs or starts already, or workers is 0).
+
+    Starting waits for the forkserver's preload (about half a second): a thread does it, and the pool
+    is offered to the batches only once its workers are up; until then they do all the work themselves.
+    """
+    global _STARTER
     with _LOCK:
-        if _POOL is not None or workers <= 0:
+        if _POOL is not None or _STARTER is not None or workers <= 0:
             return
-        _POOL = ProcessPoolExecutor(max_workers=workers, mp_context=worker_context())
-        _WORKERS = workers
-        for _ in range(workers):
-            _POOL.submit(int)  # makes the executor start every worker now, not on the first real part
+        _STARTER = threading.Thread(target=_start, args=(workers,), name="inlet-cpu-pool", daemon=True)
+        _STARTER.start()
+
+
+def _start(workers: int) -> None:
+    global _POOL, _WORKERS
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=worker_context())
+    try:
+        for future in [pool.submit(int) for _ in range(workers)]:  # one task each: every worker starts now
+            future.result()
+    except Exception as exc:  # noqa: BLE001 - no pool is a slower run, not a failed one: the batches do the work
+        logging.getLogger(__name__).warning("the CPU pool did not start (%s: %s); batches do its work themselves",
+                                            type(exc).__name__, exc)
+        pool.shutdown(wait=False, cancel_futures=True)
+        return
+    with _LOCK:
+        _POOL, _WORKERS = pool, workers
 
 
 def cpu_pool() -> tuple[ProcessPoolExecutor | None, int]:
-    """Return this process's pool and its worker count, (None, 0) when none was started."""
+    """Return this process's pool and its worker count, (None, 0) when none is up."""
     return _POOL, _WORKERS
 
 
 def close_cpu_pool() -> None:
-    """Stop the pool (the run's end)."""
-    global _POOL, _WORKERS
+    """Stop the pool (the run's end), waiting for one still starting."""
+    global _POOL, _WORKERS, _STARTER
+    starter = _STARTER
+    if starter is not None:
+        starter.join()
     with _LOCK:
-        pool, _POOL, _WORKERS = _POOL, None, 0
+        pool, _POOL, _WORKERS, _STARTER = _POOL, None, 0, None
     if pool is not None:
         pool.shutdown(wait=True, cancel_futures=True)
 

@@ -158,8 +158,11 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
     """Enrich chunks whose enrichment is not already stored; write enriched_chunks; return its path and usage."""
     chunks = read_artifact(chunks_path, CHUNKS_SCHEMA)
     enricher = make_enricher(cfg) if cfg.enabled else None
-    extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
-    items = enrich_inputs(chunks, dict(zip(extracted["doc_id"].to_pylist(), extracted["title"].to_pylist())))
+    if enricher is None:  # enrichment off: null columns, nothing to look up or build
+        items: list[EnrichInput] = []
+    else:
+        extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
+        items = enrich_inputs(chunks, dict(zip(extracted["doc_id"].to_pylist(), extracted["title"].to_pylist())))
     documents: list[str | None] = [None] * len(items)
     if enricher is not None and cfg.kind == "context" and items:  # the whole document goes into the prompt
         text_of = document_texts(chunks)

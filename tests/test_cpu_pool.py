@@ -28,6 +28,10 @@ def test_without_a_pool_parts_run_in_the_calling_process():
 @pytest.fixture
 def pool():
     start_cpu_pool(2)
+    deadline = time.monotonic() + 60
+    while cpu_pool()[0] is None:  # it starts in the background; parts meanwhile run in the caller
+        assert time.monotonic() < deadline, "the pool did not come up"
+        time.sleep(0.05)
     yield
     close_cpu_pool()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import lancedb
@@ -160,6 +161,10 @@ def test_the_cpu_pool_shares_markdown_and_chunking_and_makes_the_same_tables(sam
         "sources": [{"name": "sample", "path": str(corpus)}], "embedding": {"kind": "hashing", "dim": 64},
         "store": {"uri": str(tmp_path / "store" / "lancedb"), "artifacts": str(tmp_path / "store" / "runs")},
         "execution": {"batch_docs": 2, "workers": 2, "task_runner": "thread", "cpu_workers": 2}}))
+    # Up before the run (which then keeps it): the batches of so small a corpus would end before it starts.
+    tasks.cpu.start_cpu_pool(2)
+    while tasks.cpu.cpu_pool()[0] is None:
+        time.sleep(0.05)
     summary = ingest(config_path=str(config))
     assert summary["docs_new"] == 5 and summary["docs_quarantined"] == 0
     assert _tables(config) == expected
