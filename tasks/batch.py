@@ -130,6 +130,8 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
         failpoint("batch-enriched")
         embedded = timed(seconds, "embed", embed_stage, enriched["path"], extracted, cfg.embedding, cfg.enrichment,
                           cfg.pricing, store, table, here, plan.jobs_dir)
+        key = "embed model" if plan.name is None else f"embed model {plan.name}"
+        seconds[key] = seconds.get(key, 0.0) + embedded.get("model_seconds", 0.0)  # inside the embedder's calls
         failpoint("batch-embedded")
     # Data-quality gates: quarantine what fails a `quarantine` check, stop before committing on a `fail` check.
     gated = timed(seconds, "validate", validate_stage, documents, elements, extracted, embedded["path"],
