@@ -25,6 +25,7 @@ from tasks.batch import (
     merge_usage,
     merge_validation,
     plan_batches,
+    warm_up,
     write_batch_documents,
 )
 from tasks.cpu import close_cpu_pool, default_workers, start_cpu_pool, worth_a_pool
@@ -131,7 +132,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         failpoint("detected")
         plans = [plan for plan, _ in variants]
         per_index = [read_artifact(documents, DOCUMENTS_SCHEMA) for _, documents in detected]
-        batches = clock.run("plan batches", plan_batches, per_index, cfg.execution.batch_docs, cfg.execution.batch_mb)
+        batches = clock.run("plan batches", plan_batches, per_index, cfg.execution.batch_docs, cfg.execution.batch_mb,
+                            cfg.execution.workers)
         write_batch_documents(per_index, plans, batches)
         work_bytes = batch_bytes(per_index[0], batches)
         del per_index  # the batches read their own share
@@ -187,8 +189,10 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
         return totals
     spans: list[tuple[float, float]] = []
     try:
-        if execution.task_runner == "thread" and worth_a_pool(work_bytes):
-            start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
+        if execution.task_runner == "thread":  # batches in this process: load their models meanwhile
+            warm_up()
+            if worth_a_pool(work_bytes):
+                start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
         with make_task_runner(execution) as runner, \
                 stage_progress("batches", sum(len(b) for b in batches)) as advance:
             try:  # the Dask client connects on the first submission

@@ -15,6 +15,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from providers.embedders import embedder_spec
+from providers.tokenizer import encoding
 from schemas.arrow import DOCUMENTS_SCHEMA, REFRESH_ENRICHMENT, embedded_chunks_schema
 from schemas.config import ExtractionConfig, InletConfig
 from tasks.artifacts import join, read_artifact, use_storage_options, write_artifact
@@ -23,8 +24,10 @@ from tasks.embed import embed_stage
 from tasks.enrich import enrich_stage
 from tasks.extract import extract_stage
 from tasks.failpoints import failpoint
+from tasks.metadata import language_identifier
 from tasks.progress import quiet_stages
 from tasks.quality import validate_stage
+from tasks.quality import warm as warm_quality
 from tasks.refresh import refresh_stage
 from tasks.report import text_counts
 from tasks.store import use_store_options
@@ -57,15 +60,20 @@ def needs_work(documents: pa.Table) -> pa.ChunkedArray:
     return pc.or_(pc.is_in(documents["change"], _WORK), pc.fill_null(refresh, False))
 
 
-def plan_batches(per_index: list[pa.Table], batch_docs: int, batch_mb: float) -> list[list[str]]:
+def plan_batches(per_index: list[pa.Table], batch_docs: int, batch_mb: float, workers: int = 1) -> list[list[str]]:
     """Cut the documents any index has work for into batches of doc ids, in listing order. Pure.
 
     A batch closes at batch_docs documents or once its listed bytes reach batch_mb; a document larger
-    than that is a batch of its own.
+    than that is a batch of its own. With several workers, batch_docs is a ceiling: the documents are
+    shared evenly over a multiple of workers batches, so that no worker is left alone with the last one
+    (1,384 documents, 500 a batch, 2 workers: 4 batches of 346, not 500, 500 and 384).
     """
     wanted: set[str] = set()
     for documents in per_index:
         wanted.update(documents.filter(needs_work(documents))["doc_id"].to_pylist())
+    if workers > 1 and len(wanted) > batch_docs:
+        rounds = -(-len(wanted) // (batch_docs * workers))  # ceil: rounds of `workers` batches each
+        batch_docs = -(-len(wanted) // (rounds * workers))
     limit = batch_mb * 1024 * 1024
     batches: list[list[str]] = []
     current: list[str] = []
@@ -99,6 +107,25 @@ def write_batch_documents(per_index: list[pa.Table], plans: list[IndexPlan], bat
         for documents, plan in zip(per_index, plans):
             write_artifact(documents.filter(pc.is_in(documents["doc_id"], value_set)),
                            batch_dir(plan.run_dir, number), "documents", DOCUMENTS_SCHEMA)
+
+
+def warm_up() -> threading.Thread:
+    """Load, in a background thread, what the stages load on first use: the tokenizer, the language model, GX.
+
+    The first batch of a small run would otherwise load them one after the other on its own path; here
+    they load while the flow creates the batch's task runs and reads its documents.
+    """
+    def load() -> None:
+        try:
+            encoding()
+            language_identifier()
+            warm_quality()
+        except Exception:  # noqa: BLE001, S110 - a stage that needs what failed to load loads it again and says why
+            pass
+
+    thread = threading.Thread(target=load, name="inlet-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def _timed(seconds: dict[str, float], name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

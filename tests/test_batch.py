@@ -28,3 +28,13 @@ def test_a_document_any_index_has_work_for_is_planned_once():
     main = _documents([("a", "unchanged", None, 1), ("b", "new", None, 1)])
     variant = _documents([("a", "changed", None, 1), ("b", "new", None, 1)])
     assert plan_batches([main, variant], batch_docs=5, batch_mb=64) == [["a", "b"]]
+
+
+def test_with_several_workers_batches_are_even_and_a_multiple_of_the_workers():
+    docs = _documents([(f"d{n:04d}", "new", None, 1) for n in range(1384)])
+    sizes = [len(b) for b in plan_batches([docs], batch_docs=500, batch_mb=64, workers=2)]
+    assert sizes == [346, 346, 346, 346]
+    sizes = [len(b) for b in plan_batches([docs], batch_docs=500, batch_mb=64, workers=3)]
+    assert sizes == [462, 462, 460], "one round of three batches, none over 500"
+    assert [len(b) for b in plan_batches([docs], batch_docs=2000, batch_mb=64, workers=2)] == [1384], \
+        "one batch holds them all: nothing to share"
