@@ -121,7 +121,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         for plan, notices in variants:
             suffix = _suffix(plan)
             settings_fp = clock.run("fingerprint" + suffix, settings_fingerprint, plan.cfg)
-            known = clock.run("read state" + suffix, known_documents, connect(store), plan.cfg.store.documents_table)
+            known = known_main if plan.name is None else clock.run(  # the main index's rows were read before the crawl
+                "read state" + suffix, known_documents, connect(store), plan.cfg.store.documents_table)
             if plan.name is None:
                 refuse_unindexed_failures(config_path, cfg, failed_sources, known)
             documents, detect_notices = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp,
@@ -132,8 +133,10 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         failpoint("detected")
         plans = [plan for plan, _ in variants]
         per_index = [read_artifact(documents, DOCUMENTS_SCHEMA) for _, documents in detected]
+        # Even batches for process and Dask workers; threads share the CPU pool, which evens out the last batch.
+        sharing = 1 if cfg.execution.task_runner == "thread" else cfg.execution.workers
         batches = clock.run("plan batches", plan_batches, per_index, cfg.execution.batch_docs, cfg.execution.batch_mb,
-                            cfg.execution.workers)
+                            sharing)
         write_batch_documents(per_index, plans, batches)
         work_bytes = batch_bytes(per_index[0], batches)
         del per_index  # the batches read their own share
