@@ -1,12 +1,11 @@
 """Worker processes for a batch's pure CPU work (Markdown extraction, chunking) beside the thread runner.
 
 Batches in threads share one interpreter lock, so Python-heavy work (cleaning Markdown, detecting
-languages, packing chunks) would not run in parallel. The flow starts this pool when the thread
-runner has that kind of work; the batch's stages cut their work into parts and hand them to it, the
-calling thread working through parts nobody has taken yet (so the workers' start-up, a second or
-two of imports in their forkserver, never leaves the run waiting). Results come back in part order: a run's tables are the same
-with the pool or without it. With the process or Dask runner, batches already run in processes of
-their own and do this work themselves.
+languages, packing chunks) would not run in parallel. The flow starts this pool in the background
+when the thread runner has that kind of work; once its workers are up, each batch cuts the work into
+parts and hands them to it, the batch's own thread taking parts from the other end. Results come
+back in part order: a run's tables are the same with the pool or without it. With the process or
+Dask runner, batches already run in processes of their own and do this work themselves.
 """
 
 from __future__ import annotations
@@ -121,7 +120,7 @@ def map_parts(fn: Callable[[T], R], parts: Sequence[T]) -> list[R]:
     """Apply fn to every part, on the pool when there is one and more than one part; results in part order.
 
     The pool gets at most one part per worker at a time from this call; the calling thread takes parts
-    from the end meanwhile, so the work is shared even while the workers are still starting.
+    from the end meanwhile, so the run's own core works too (measured faster than waiting on the pool).
     """
     pool, workers = cpu_pool()
     if pool is None or len(parts) < 2:
