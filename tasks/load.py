@@ -236,16 +236,16 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
         # Every search prefilters on clearance and expiry: scalar indexes keep that from scanning the table.
         table.create_index("access_level", config=Bitmap(), replace=True)
         table.create_index("expires_at", config=BTree(), replace=True)
-    if any(unindexed > MAX_UNINDEXED for _, unindexed in _coverage(table).values()):
+    if any(c["unindexed"] > MAX_UNINDEXED for c in index_coverage(table).values()):
         # No pruning here: old versions are what as_of reads; the maintenance flow decides their retention.
         table.optimize(cleanup_older_than=timedelta(days=36_500))
-    return {name: {"indexed": n, "unindexed": u} for name, (n, u) in _coverage(table).items()}
+    return index_coverage(table)
 
 
-def _coverage(table: lancedb.table.Table) -> dict[str, tuple[int, int]]:
-    """(indexed, unindexed) rows of the full-text and vector indexes that exist."""
+def index_coverage(table: lancedb.table.Table) -> dict[str, dict[str, int]]:
+    """Indexed and unindexed rows of the full-text and vector indexes that exist."""
     coverage = {name: _unindexed(table, column) for name, column in (("fulltext", "text"), ("vector", "vector"))}
-    return {name: (n, u) for name, (index, n, u) in coverage.items() if index}
+    return {name: {"indexed": n, "unindexed": u} for name, (index, n, u) in coverage.items() if index}
 
 
 def tag_version(table: lancedb.table.Table, tag: str) -> None:
@@ -414,7 +414,7 @@ class Writer:
         table = None if self._committed else open_table(connect(self._store), self._args["chunks_table"])
         if table is not None and published_current(table, fulltext=fulltext_index):
             tag_version(table, self._args["run_id"])
-            self.result.indexes = {name: {"indexed": n, "unindexed": u} for name, (n, u) in _coverage(table).items()}
+            self.result.indexes = index_coverage(table)
             self.result.versions[self._args["chunks_table"]] = table.version
             self.seconds["publish"] = time.perf_counter() - start
             return asdict(self.result)
