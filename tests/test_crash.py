@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +18,8 @@ from query import search
 from schemas.arrow import PUBLISHED_TAG
 from schemas.config import load_config
 from tasks.failpoints import POINTS
-from tests.conftest import ROOT, run_artifact
+from tests.conftest import run_artifact
+from tests.zygote import Zygote
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -83,18 +82,28 @@ def _committed_keys(config: Path) -> tuple[set[str], set[str]]:
     return set(table["embed_key"].to_pylist()), set(table["enrich_key"].to_pylist())
 
 
-def _killed_run(config: Path, point: str) -> tuple[int, str]:
-    """Run the flow in a fresh interpreter that kills itself with SIGKILL at the named point; return code and log."""
+def _killed_runs(configs: dict[str, Path]) -> dict[str, tuple[int, str]]:
+    """Run the flow once per point, in a forked process that kills itself with SIGKILL there; codes and logs.
+
+    Two zygotes side by side, each importing the flow once and forking a fresh process per point.
+    """
     from prefect.settings import PREFECT_API_URL
 
     # The session's Prefect server: a killed run would leave an ephemeral server of its own behind.
-    env = {**os.environ, "INLET_FAILPOINT": point, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
-    code = f"from flows.ingest import ingest; ingest(config_path={str(config)!r})"
-    log = config.with_suffix(".log")
-    with log.open("w") as out:  # a file, not a pipe: nothing a dead process leaves can hold the test up
-        proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                              timeout=300)
-    return proc.returncode, log.read_text()
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+
+    def run_all(points: list[str]) -> dict[str, tuple[int, str]]:
+        done = {}
+        with Zygote(env) as zygote:
+            for point in points:
+                log = configs[point].with_suffix(".log")  # a file, not a pipe: nothing a dead process leaves holds us up
+                done[point] = zygote.run(configs[point], {"INLET_FAILPOINT": point}, log), log.read_text()
+        return done
+
+    points = list(configs)
+    with ThreadPoolExecutor(2) as pool:
+        halves = list(pool.map(run_all, [points[0::2], points[1::2]]))
+    return {**halves[0], **halves[1]}
 
 
 MATRIX = [*POINTS, "batch-embedded@2", "group-committed@2", "chunks-committed@3"]
@@ -116,9 +125,7 @@ def test_a_run_killed_at_every_stage_boundary_and_inside_the_upsert_converges_wi
         store = f"crash{n}"
         shutil.copytree(before, tmp_path / store)
         configs[point] = _config(write_config, pages, store)
-    # Two killed runs at a time: each is a whole interpreter starting up; their stores are their own.
-    with ThreadPoolExecutor(2) as pool:
-        killed = dict(zip(MATRIX, pool.map(lambda p: _killed_run(configs[p], p), MATRIX)))
+    killed = _killed_runs(configs)  # each store is its own
 
     for point in MATRIX:
         config = configs[point]
