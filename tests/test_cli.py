@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 import json
+import os
 import re
-
-import pytest
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 INLET = [sys.executable, "-m", "inlet.cli"]
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*INLET, *args], capture_output=True, text=True, timeout=300,
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*INLET, *args], check=False, capture_output=True, text=True, timeout=300, env=env,
                           cwd=Path(__file__).resolve().parent.parent)
+
+
+@pytest.fixture
+def server_env(prefect_harness) -> dict[str, str]:
+    """The environment of a user whose runs go to a Prefect server (the session's): no temporary server each run.
+
+    test_ingest_then_query_from_the_command_line keeps the plain environment, so a temporary server is tested too.
+    """
+    from prefect.settings import PREFECT_API_URL
+
+    return {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
 
 
 def test_bad_config_exits_2_naming_file_and_key(tmp_path):
@@ -26,10 +38,10 @@ def test_bad_config_exits_2_naming_file_and_key(tmp_path):
     assert f"{bad}: embeding: Extra inputs are not permitted" in out.stderr
 
 
-def test_missing_source_folder_exits_2_naming_the_key(tmp_path):
+def test_missing_source_folder_exits_2_naming_the_key(tmp_path, server_env):
     config = tmp_path / "inlet.yaml"
     config.write_text(f"sources:\n  - {{name: docs, path: {tmp_path / 'nowhere'}}}\n")
-    out = _run("ingest", "--config", str(config))
+    out = _run("ingest", "--config", str(config), env=server_env)
     assert out.returncode == 2
     assert f"{config}: sources.0.path: source 'docs' folder" in out.stderr
 
@@ -68,13 +80,14 @@ def test_sweep_weights_are_parsed_or_refused_with_the_expected_form():
             _weights(bad)
 
 
-def test_ingest_shows_a_bar_over_the_batches_and_a_summary_table_or_nothing_when_quiet(corpus, write_config):
+def test_ingest_shows_a_bar_over_the_batches_and_a_summary_table_or_nothing_when_quiet(corpus, write_config,
+                                                                                        server_env):
     config = write_config(corpus)
-    shown = _run("ingest", "--config", str(config))
+    shown = _run("ingest", "--config", str(config), env=server_env)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert re.search(r"batches\s.*5/5", shown.stderr), "documents done, batch by batch"
     assert "docs new" in shown.stdout and "table versions" in shown.stdout
     (corpus / "harbour-faq.txt").write_text("Harbour FAQ\n\nWhere is the crane?\n\nBeside the slipway.\n")
-    quiet = _run("ingest", "--quiet", "--config", str(config))
+    quiet = _run("ingest", "--quiet", "--config", str(config), env=server_env)
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     assert quiet.stdout == "" and "| INFO" not in quiet.stderr and not re.search(r"batches\s.*\d+/\d+", quiet.stderr)

@@ -56,13 +56,16 @@ def test_a_killed_writer_leaves_no_lock_behind(tmp_path):
         pass
 
 
-def test_a_second_ingest_is_refused_while_the_first_is_writing(corpus, write_config, tmp_path):
+def test_a_second_ingest_is_refused_while_the_first_is_writing(corpus, write_config, tmp_path, prefect_harness):
     # The first ingest embeds through a slow Gemini-protocol server (10 s an answer), so it is still writing when the
     # second has started up.
     server = GeminiServer(Faults(latency_s=10.0)).start()
     try:
         config = write_config(corpus, embedding={"kind": "gemini", "dim": 32, "base_url": server.base_url})
-        env = {**os.environ, "GEMINI_API_KEY": "AIza-test-key-0123"}
+        from prefect.settings import PREFECT_API_URL
+
+        # Runs report to the session's Prefect server: no temporary server started and stopped per run.
+        env = {**os.environ, "GEMINI_API_KEY": "AIza-test-key-0123", "PREFECT_API_URL": str(PREFECT_API_URL.value())}
         inlet = [sys.executable, "-m", "inlet.cli", "ingest", "--config", str(config)]
         first = subprocess.Popen(inlet, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         _wait_for(tmp_path / "store" / "lancedb" / WRITER_INFO, timeout=120)
