@@ -7,7 +7,7 @@ One folder source over every corpus folder (Markdown, HTML, PDF, DOCX, text, the
 Cranfield files) and one bundle source per llms-full.txt file; hashing embedder, enrichment off
 (this measures extraction and the pipeline, not a model). Checks after the run: every file has a
 documents row, either indexed with its chunks all in the chunks table or quarantined with a known
-reason; a sample of indexed documents is found by a full-text search for a phrase of their own.
+reason; every indexed document is found by a full-text search for six words of its own (see check()).
 Prints a summary and writes bench/results/corpora.json.
 """
 
@@ -22,6 +22,8 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+
+import regex  # tiktoken's own dependency: Unicode classes that re lacks
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -48,8 +50,29 @@ def write_config(work: Path, runner: str, workers: int) -> Path:
     return path
 
 
-def check(config: Path, sample: int) -> dict:
-    """Every document indexed with all its chunks or quarantined with a known reason; a sample found by search."""
+# Tokens as LanceDB's simple tokenizer cuts them: runs of letters, digits and combining marks (an Arabic
+# vowel sign stays inside its word). A query word: a token of 4 to 40 letters (with their marks).
+TOKEN = regex.compile(r"[\p{L}\p{M}\p{N}]+")
+WORD = regex.compile(r"(?:\p{L}\p{M}*){4,40}")
+
+
+def _words(text: str) -> set[str]:
+    """The query words of a text: its tokens that are words of four letters or more, lower-cased."""
+    return {t.lower() for t in TOKEN.findall(text) if WORD.fullmatch(t)}
+
+
+def check(config: Path, sample: int | None) -> dict:
+    """Every document indexed with all its chunks or quarantined with a known reason; each indexed one found by search.
+
+    For every indexed document (or a sample), the six rarest words (of four letters or more, by how many
+    chunks hold them) of one of its chunks go to a full-text search, as a user who remembers what was
+    particular to a page would ask. The document is "found" when it is in the top 10; "shared" when it
+    is not, but every top-10 hit holds all six words too (a page duplicated ten times or more); "outranked"
+    otherwise (other chunks score higher on BM25), with the query kept. Apart from the rank, the same
+    search restricted to the document must return it: that is what "searchable" means here, and
+    "unsearchable" lists any document it does not return. A document without such a word (numbers, short
+    words only) is searched for by its longest tokens, for that test alone ("no_word").
+    """
     import lancedb
 
     from query import search
@@ -67,20 +90,41 @@ def check(config: Path, sample: int) -> dict:
     unknown = {r for r in reasons if r not in EXTRACTION_REASONS and r != "invalid"}
     ok = [d for d in docs if d["status"] == "ok"]
     short = [d["doc_id"] for d in ok if len(per_doc.get(d["doc_id"], [])) != d["total_chunks"]]
+    df: Counter[str] = Counter()
+    for row in chunks:
+        df.update(_words(row["text"]))
     rng = random.Random(7)
-    found, tried = 0, 0
-    for doc in rng.sample(ok, min(sample, len(ok))):
-        words = [w for w in " ".join(per_doc.get(doc["doc_id"], [""])).split() if w.isalpha() and len(w) > 3]
-        if len(words) < 8:
+    tried = rng.sample(ok, min(sample, len(ok))) if sample else ok
+    outcome: Counter[str] = Counter()
+    outranked, unsearchable, too_short = [], [], []
+    for doc in tried:
+        texts = [t for t in per_doc.get(doc["doc_id"], []) if _words(t)]
+        if texts:
+            query = " ".join(sorted(_words(rng.choice(texts)), key=lambda w: (df[w], w))[:6])
+        else:  # no word of four letters (numbers, short words): its longest tokens, for the searchable test only
+            tokens = {t.lower() for text in per_doc.get(doc["doc_id"], []) for t in TOKEN.findall(text)}
+            query = " ".join(sorted(tokens, key=lambda t: (-len(t), t))[:6])
+            too_short.append(doc["doc_id"])
+        own = search(query, k=1, where={"doc_id": doc["doc_id"]}, mode="fulltext", config=config) if query else []
+        if not own:
+            unsearchable.append({"doc_id": doc["doc_id"], "query": query})
+        if not texts:
             continue
-        start = rng.randrange(0, len(words) - 6)
-        tried += 1
-        hits = search(" ".join(words[start:start + 6]), k=10, mode="fulltext", config=config)
-        found += any(h.doc_id == doc["doc_id"] for h in hits)
+        hits = search(query, k=10, mode="fulltext", config=config)
+        if any(h.doc_id == doc["doc_id"] for h in hits):
+            outcome["found"] += 1
+        elif len(hits) == 10 and all(_words(query) <= _words(h.text) for h in hits):
+            outcome["shared"] += 1
+        else:
+            outcome["outranked"] += 1
+            outranked.append({"doc_id": doc["doc_id"], "query": query, "hits": [h.doc_id for h in hits]})
     return {"documents": len(docs), "indexed": len(ok), "quarantined": sum(reasons.values()),
             "reasons": dict(reasons.most_common()), "unknown_reasons": sorted(unknown),
-            "indexed_with_missing_chunks": short, "chunks": len(chunks), "search_sample": tried,
-            "search_found": found}
+            "indexed_with_missing_chunks": short, "chunks": len(chunks), "search_checked": len(tried),
+            "search_found": outcome["found"], "search_shared": outcome["shared"],
+            "search_outranked": outcome["outranked"], "outranked": outranked,
+            "searchable": len(tried) - len(unsearchable), "unsearchable": unsearchable,
+            "no_word": len(too_short), "no_word_docs": too_short}
 
 
 def main() -> None:
@@ -88,10 +132,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runner", choices=["thread", "process", "dask"], default="thread")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--sample", type=int, default=300, help="indexed documents checked by a search")
+    parser.add_argument("--sample", type=int, default=None, help="check this many indexed documents (default all)")
+    parser.add_argument("--check-only", type=Path, default=None, metavar="CONFIG",
+                        help="only run the checks on the store of an earlier run's config")
     args = parser.parse_args()
     if not CORPORA.is_dir():
         sys.exit(f"needs {CORPORA} (the shared folder beside this checkout)")
+    if args.check_only:
+        print(json.dumps(check(args.check_only, args.sample), indent=1))
+        return
     work = Path(tempfile.mkdtemp(prefix="inlet-corpora-", dir="/work" if Path("/work").is_dir() else None))
     config = write_config(work, args.runner, args.workers)
     started = time.perf_counter()
@@ -101,7 +150,7 @@ def main() -> None:
     summary = ingest(config_path=str(config))
     done = time.perf_counter()
     result = {
-        "runner": args.runner, "workers": args.workers, "import_s": round(imported - started, 1),
+        "config": str(config), "runner": args.runner, "workers": args.workers, "import_s": round(imported - started, 1),
         "flow_s": round(done - imported, 1), "pipeline_s": summary["pipeline_seconds"],
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "peak_rss_children_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),

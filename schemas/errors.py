@@ -25,7 +25,7 @@ EXTRACTION_REASONS: tuple[str, ...] = (
     "no_text",  # a PDF without a text layer (scanned) and OCR off
     "corrupt",  # damaged or truncated: the parser failed or found nothing it could read
     "unsupported",  # a format Inlet has no extractor for (legacy .doc, RTF, images, binaries)
-    "empty",  # no text at all, or only markup
+    "empty",  # no text at all, only markup, or not one letter or digit ("...")
     "too_large",  # over extraction.max_file_mb: not read
     "timeout",  # extraction ran past extraction.timeout_s
     "decode_error",  # text whose encoding could not be detected

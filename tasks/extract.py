@@ -170,6 +170,12 @@ def _first_heading(text: str) -> str | None:
 # --- per format -------------------------------------------------------------------------------
 
 
+def _require_words(rows: list[dict]) -> None:
+    """Refuse text without a single letter or digit ("...", rules of dashes): nothing a search could find it by."""
+    if not any(ch.isalnum() for row in rows for ch in row["text"]):
+        raise ExtractionError("empty", "the text has no letter or digit (only punctuation or symbols)")
+
+
 def markdown_elements(doc_id: str, text: str, name: str) -> tuple[list[dict], str | None, dict]:
     """Keep Markdown as written (headings, fences) so the chunker sees its structure; return its front matter too."""
     meta, body = split_front_matter(text)
@@ -388,6 +394,7 @@ def _extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig) -
             raise ExtractionError("empty", "the document has no text")
     if kind == ".md":
         rows, title, meta = markdown_elements(doc_id, text, name)
+        _require_words(rows)
         return Extracted(rows, title, digest, meta)
     if kind == ".pdf":
         rows = _pdf_rows(doc_id, data, cfg)
@@ -400,6 +407,7 @@ def _extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig) -
             raise _classify_failure(exc, kind) from exc
         if not rows:
             raise ExtractionError("empty", "no text could be extracted (only markup or whitespace)")
+    _require_words(rows)
     heading = next((r["text"] for r in rows if r["kind"] == "heading"), None)
     title = heading or (_html_title(text) if kind == ".html" else None) or _stem(name)
     return Extracted(rows, title, digest, html_metadata(text) if kind == ".html" else {})

@@ -189,3 +189,15 @@ def test_front_matter_split():
 def test_fallback_is_announced_only_without_the_real_model():
     expected = None if real_model_installed() else NOTICE
     assert install_fallback_if_needed() == expected
+
+
+@pytest.mark.parametrize(("name", "content"), [
+    ("dots.md", "# ...\n\n---\n\n* * *\n"),
+    ("ellipsis.html", "<html>\n  <body>\n    <![if !supportLists]>...<![endif]>\n  </body>\n</html>\n"),
+])
+def test_text_without_a_letter_or_digit_is_quarantined_as_empty(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(ExtractionError, match="no letter or digit") as caught:
+        extract_document("d", str(path), CFG)
+    assert caught.value.reason == "empty"
