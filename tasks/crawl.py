@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import quote_from_bytes
 
 import pyarrow as pa
 from prefect import get_run_logger
@@ -55,6 +56,17 @@ def metadata_fields(src: SourceConfig, rel: str = "") -> dict:
     return fields
 
 
+def file_uri(path: str) -> str:
+    """Return the file:// URI of an absolute path, as Path.as_uri() writes it (without building a Path)."""
+    return "file://" + quote_from_bytes(os.fsencode(path))
+
+
+def _suffix(path: str) -> str:
+    """Return a file name's suffix as Path.suffix does ('' for '.bashrc' and for 'name.')."""
+    suffix = os.path.splitext(path)[1]
+    return "" if suffix == "." else suffix
+
+
 @functools.cache
 def _mime(suffix: str) -> str | None:
     return mimetypes.guess_type(f"x{suffix}")[0]
@@ -71,8 +83,10 @@ def path_filter(include: tuple[str, ...], exclude: tuple[str, ...]) -> Callable[
 
 
 def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...],
-                   outside: list[str] | None = None) -> list[tuple[str, Path, os.stat_result]]:
+                   outside: list[str] | None = None) -> list[tuple[str, str, os.stat_result]]:
     """Return (relative posix path, path, stat) of files under root matched by include and not by exclude, sorted.
+
+    Paths are strings, as os.scandir gives them: a pathlib object per file cost more than the listing itself.
 
     Symlinked folders are not followed; a symlinked file is taken only when it resolves inside root,
     so no link can lead the crawl elsewhere. Links that would are named in outside. A file that
@@ -81,7 +95,7 @@ def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...
     taken = path_filter(include, exclude)
     real_root = root.resolve()
     out = []
-    pending = [(root, "")]
+    pending = [(str(root), "")]
     # os.scandir: one directory read gives names, kinds and (for plain files) no extra lstat; several
     # times faster than Path.glob, and symlinked folders are not entered.
     while pending:
@@ -89,14 +103,14 @@ def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...
         try:
             entries = list(os.scandir(folder))
         except OSError:
-            if folder == root:
+            if not prefix:  # the root itself
                 raise
             continue
         for entry in entries:
             rel = f"{prefix}{entry.name}"
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    pending.append((Path(entry.path), f"{rel}/"))
+                    pending.append((entry.path, f"{rel}/"))
                     continue
                 if entry.is_symlink() and entry.is_dir():
                     continue  # a symlinked folder: never entered
@@ -109,7 +123,7 @@ def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...
                 stat = entry.stat()  # follows a link (inside root) to its file
             except OSError:
                 continue
-            out.append((rel, Path(entry.path), stat))
+            out.append((rel, entry.path, stat))
     return sorted(out, key=lambda item: item[0])
 
 
@@ -254,9 +268,9 @@ def list_source(src: SourceConfig, known: dict[str, dict] | None = None, fetched
     rows = []
     plain = None if src.metadata_rules else metadata_fields(src)  # the same for every file: made once
     for rel, path, stat in files:
-        rows.append({"doc_id": f"{src.name}:{rel}", "source": src.name, "path": str(path),
-                     "uri": path.as_uri(), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                     "mime": _mime(path.suffix), **(plain or metadata_fields(src, rel))})
+        rows.append({"doc_id": f"{src.name}:{rel}", "source": src.name, "path": path,
+                     "uri": file_uri(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                     "mime": _mime(_suffix(path)), **(plain or metadata_fields(src, rel))})
     shown = ", ".join(outside[:5]) + (" ..." if len(outside) > 5 else "")
     notice = f"source '{src.name}': {len(outside)} symlinked file(s) lead outside {src.path}, not crawled: {shown}"
     notices = [notice] if outside else []

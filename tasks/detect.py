@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from prefect import get_run_logger
 
 from providers.embedders import embedder_spec
@@ -102,6 +103,10 @@ def _classify(row: dict, known: dict | None, settings_fp: str, hasher: Hasher, r
     return "unchanged", None if same_stat else "touched", digest
 
 
+# The stored columns _classify compares a listed file with.
+_COMPARED = ("doc_id", "source", "size", "mtime_ns", "validator", "content_hash", "status", "settings_fp", "meta_hash")
+
+
 def classify_documents(
     listing: pa.Table, known: pa.Table, settings_fp: str, *, hasher: Hasher = hash_file,
     sources: set[str], retry_quarantined: bool = False, max_bytes: float = float("inf"),
@@ -110,15 +115,18 @@ def classify_documents(
 
     Files over max_bytes are not read, not even to hash them: extraction quarantines them as too_large.
     """
-    by_id = {r["doc_id"]: r for r in known.to_pylist()}
+    # Only the columns a comparison reads: a Python copy of every stored column cost more than the comparing.
+    slim = known.select([c for c in _COMPARED if c in known.column_names])
+    by_id = {r["doc_id"]: r for r in slim.to_pylist()}
     rows = []
     for row in listing.to_pylist():
         change, reason, digest = _classify(row, by_id.get(row["doc_id"]), settings_fp, hasher, retry_quarantined,
                                            max_bytes)
         rows.append({**row, "content_hash": digest, "change": change, "reason": reason})
     listed = set(listing["doc_id"].to_pylist())
-    for doc_id, old in by_id.items():
-        if doc_id not in listed and old["source"] in sources:
+    gone = [doc_id for doc_id, old in by_id.items() if doc_id not in listed and old["source"] in sources]
+    if gone:
+        for old in known.filter(pc.is_in(known["doc_id"], pa.array(gone, pa.string()))).to_pylist():
             rows.append({**{k: old.get(k) for k in LISTING_SCHEMA.names}, "content_hash": old["content_hash"],
                          "change": "deleted", "reason": None})
     return pa.Table.from_pylist(rows, schema=DOCUMENTS_SCHEMA)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mimetypes
 import shutil
 from pathlib import Path
 
@@ -37,6 +38,20 @@ def test_symlinks_cannot_lead_the_crawl_outside_its_root(tmp_path):
     listed = list_source(SourceConfig(name="s", path=root))
     assert sorted(r["doc_id"] for r in listed.rows) == ["s:docs/alias.md", "s:docs/guide.md"]
     assert "docs/leak.md" in listed.notices[0] and listed.failure is None
+
+
+def test_listed_paths_uris_and_types_are_those_pathlib_and_mimetypes_give(tmp_path):
+    names = ["plain.md", "with space.md", "ünïcode ñ.txt", "hash#and%percent.html", "trailing.",
+             "two.dots..md", "archive.tar.gz", "no-suffix"]
+    (tmp_path / "sub dir").mkdir()
+    for name in names:
+        (tmp_path / "sub dir" / name).write_text("x")
+    listed = list_source(SourceConfig(name="s", path=tmp_path, include=["**/*"]))
+    assert len(listed.rows) == len(names)
+    for row in listed.rows:
+        path = Path(row["path"])
+        assert path.is_file() and row["uri"] == path.as_uri(), row
+        assert row["mime"] == mimetypes.guess_type(f"x{path.suffix}")[0], row
 
 
 @pytest.mark.parametrize("pattern", ["../secret/**/*.md", "/etc/*", "docs/../../x.md"])
