@@ -96,7 +96,8 @@ def select_where_in(table: lancedb.table.Table | None, column: str, values: Iter
 
 def ensure_columns(table: lancedb.table.Table, schema: pa.Schema) -> None:
     """Add the columns of schema that a table written by an older Inlet lacks (null in its old rows)."""
-    missing = [pa.field(f.name, f.type, nullable=True) for f in schema if f.name not in table.schema.names]
+    have = set(table.schema.names)  # one schema read: table.schema goes to the store each time
+    missing = [pa.field(f.name, f.type, nullable=True) for f in schema if f.name not in have]
     if missing:
         table.add_columns(missing)
 
