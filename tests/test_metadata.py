@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import lancedb
@@ -13,7 +14,7 @@ from query import search
 from schemas.config import ExtractionConfig, load_config
 from schemas.errors import ConfigError
 from tasks.extract import extract_document
-from tasks.metadata import detect_language
+from tasks.metadata import _prose, detect_language
 
 FRACTIONS = textwrap.dedent("""\
     ---
@@ -112,3 +113,17 @@ def test_the_unpacked_language_model_scores_exactly_as_py3langids_own_loader(tmp
                  "Le capitaine du port garde les tables des marées au bureau.",
                  "El capitán del puerto guarda las tablas de mareas en la oficina."):
         assert ours.classify(text) == reference.classify(text)
+
+
+def _blanked(markdown: str) -> str:
+    return re.sub(r"```.*?```", " ", markdown, flags=re.DOTALL)
+
+
+def test_language_samples_begin_as_the_whole_page_blanked_would(shared_corpora):
+    # Long pages are blanked only as far as the sample needs: the sample must not change.
+    pages = [p.read_text(encoding="utf-8", errors="replace") for p in sorted((shared_corpora / "markdown").rglob("*.md"))]
+    made = ["x" * 15990 + "``", "prose " * 3000, "intro\n```\n" + "code\n" * 5000 + "```\n" + "after " * 1000,
+            "a" * 15000 + "\n```py\n" + "b" * 3000 + "\n```\n" + "c" * 5000, "`" * 20000, "word ``` " * 4000]
+    for text in [*pages, *made]:
+        assert _prose(text, 2000)[:2000] == _blanked(text)[:2000]
+        assert len(_prose(text, 2000)) >= min(2000, len(_blanked(text)))
