@@ -23,7 +23,8 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 def server_env(prefect_harness) -> dict[str, str]:
     """The environment of a user whose runs go to a Prefect server (the session's): no temporary server each run.
 
-    test_ingest_then_query_from_the_command_line keeps the plain environment, so a temporary server is tested too.
+    The ingest of test_ingest_then_query_from_the_command_line keeps the plain environment: a temporary server is
+    tested too.
     """
     from prefect.settings import PREFECT_API_URL
 
@@ -46,7 +47,7 @@ def test_missing_source_folder_exits_2_naming_the_key(tmp_path, server_env):
     assert f"{config}: sources.0.path: source 'docs' folder" in out.stderr
 
 
-def test_ingest_then_query_from_the_command_line(corpus, write_config):
+def test_ingest_then_query_from_the_command_line(corpus, write_config, server_env):
     config = write_config(corpus)
     ingest = _run("ingest", "--config", str(config), "--json")
     assert ingest.returncode == 0, ingest.stderr[-2000:]
@@ -66,7 +67,7 @@ def test_ingest_then_query_from_the_command_line(corpus, write_config):
     assert same.returncode == 0 and "0 added, 0 removed" in same.stdout, same.stderr[-2000:]
     bad = _run("query", "x", "--mode", "semantic", "--config", str(config))
     assert bad.returncode == 2 and "mode 'semantic' is not one of" in bad.stderr
-    kept = _run("maintain", "--config", str(config))
+    kept = _run("maintain", "--config", str(config), env=server_env)  # the ingest above tried the temporary server
     assert kept.returncode == 0 and "0 integrity findings" in kept.stdout, kept.stderr[-2000:]
     assert "chunks" in kept.stdout and "documents" in kept.stdout
 
