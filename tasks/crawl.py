@@ -58,6 +58,9 @@ def metadata_fields(src: SourceConfig, rel: str = "") -> dict:
 
 def file_uri(path: str) -> str:
     """Return the file:// URI of an absolute path, as Path.as_uri() writes it (without building a Path)."""
+    if not os.path.isabs(path):  # as Path.as_uri(): a relative path has no URI (load_config makes paths absolute)
+        msg = f"relative path '{path}' can't be expressed as a file URI"
+        raise ValueError(msg)
     return "file://" + quote_from_bytes(os.fsencode(path))
 
 

@@ -14,7 +14,7 @@ from flows.ingest import ingest
 from schemas.arrow import DOCUMENT_ROWS_SCHEMA, DOCUMENTS_SCHEMA, LISTING_SCHEMA
 from schemas.config import ExtractionConfig, SourceConfig, load_config
 from schemas.errors import ConfigError
-from tasks.crawl import list_source
+from tasks.crawl import file_uri, list_source
 from tasks.detect import classify_documents, held_deletions
 from tasks.extract import extract_documents
 
@@ -52,6 +52,8 @@ def test_listed_paths_uris_and_types_are_those_pathlib_and_mimetypes_give(tmp_pa
         path = Path(row["path"])
         assert path.is_file() and row["uri"] == path.as_uri(), row
         assert row["mime"] == mimetypes.guess_type(f"x{path.suffix}")[0], row
+    with pytest.raises(ValueError, match="relative path"):  # as Path.as_uri(): never a URI that is not one
+        file_uri("sub dir/plain.md")
 
 
 @pytest.mark.parametrize("pattern", ["../secret/**/*.md", "/etc/*", "docs/../../x.md"])
