@@ -61,54 +61,36 @@ def _words(text: str) -> set[str]:
     return {t.lower() for t in TOKEN.findall(text) if WORD.fullmatch(t)}
 
 
-def check(config: Path, sample: int | None) -> dict:
-    """Every document indexed with all its chunks or quarantined with a known reason; each indexed one found by search.
+def _query_for(texts: list[str], df: Counter[str], rng: random.Random) -> tuple[str, bool]:
+    """A document's query and whether it has words to rank by (else its longest tokens, for the searchable test)."""
+    worded = [t for t in texts if _words(t)]
+    if worded:
+        return " ".join(sorted(_words(rng.choice(worded)), key=lambda w: (df[w], w))[:6]), True
+    tokens = {t.lower() for text in texts for t in TOKEN.findall(text)}  # numbers, short words only
+    return " ".join(sorted(tokens, key=lambda t: (-len(t), t))[:6]), False
 
-    For every indexed document (or a sample), the six rarest words (of four letters or more, by how many
-    chunks hold them) of one of its chunks go to a full-text search, as a user who remembers what was
-    particular to a page would ask. The document is "found" when it is in the top 10; "shared" when it
-    is not, but every top-10 hit holds all six words too (a page duplicated ten times or more); "outranked"
-    otherwise (other chunks score higher on BM25), with the query kept. Apart from the rank, the same
-    search restricted to the document must return it: that is what "searchable" means here, and
-    "unsearchable" lists any document it does not return. A document without such a word (numbers, short
-    words only) is searched for by its longest tokens, for that test alone ("no_word").
+
+def search_check(config: Path, docs: list[dict], per_doc: dict[str, list[str]], df: Counter[str],
+                 rng: random.Random) -> dict:
+    """Search for each document by its own rarest words: restricted to it (searchable) and unrestricted (rank).
+
+    The document is "found" when it is in the top 10; "shared" when it is not, but every top-10 hit holds
+    all six words too (a page duplicated ten times or more); "outranked" otherwise (other chunks score
+    higher on BM25), with the query kept. Apart from the rank, the search restricted to the document
+    must return it: "unsearchable" lists any it does not. A document without a word of four letters
+    (numbers, short words only) is searched for by its longest tokens, for that test alone ("no_word").
     """
-    import lancedb
-
     from query import search
-    from schemas.config import load_config
-    from schemas.errors import EXTRACTION_REASONS
 
-    cfg = load_config(config)
-    db = lancedb.connect(cfg.store.uri)
-    docs = db.open_table("documents").to_arrow().to_pylist()
-    chunks = db.open_table("chunks").to_arrow().select(["doc_id", "text"]).to_pylist()
-    per_doc: dict[str, list[str]] = {}
-    for row in chunks:
-        per_doc.setdefault(row["doc_id"], []).append(row["text"])
-    reasons = Counter(d["error"].split(":", 1)[0] for d in docs if d["status"] == "quarantined")
-    unknown = {r for r in reasons if r not in EXTRACTION_REASONS and r != "invalid"}
-    ok = [d for d in docs if d["status"] == "ok"]
-    short = [d["doc_id"] for d in ok if len(per_doc.get(d["doc_id"], [])) != d["total_chunks"]]
-    df: Counter[str] = Counter()
-    for row in chunks:
-        df.update(_words(row["text"]))
-    rng = random.Random(7)
-    tried = rng.sample(ok, min(sample, len(ok))) if sample else ok
     outcome: Counter[str] = Counter()
-    outranked, unsearchable, too_short = [], [], []
-    for doc in tried:
-        texts = [t for t in per_doc.get(doc["doc_id"], []) if _words(t)]
-        if texts:
-            query = " ".join(sorted(_words(rng.choice(texts)), key=lambda w: (df[w], w))[:6])
-        else:  # no word of four letters (numbers, short words): its longest tokens, for the searchable test only
-            tokens = {t.lower() for text in per_doc.get(doc["doc_id"], []) for t in TOKEN.findall(text)}
-            query = " ".join(sorted(tokens, key=lambda t: (-len(t), t))[:6])
-            too_short.append(doc["doc_id"])
+    outranked, unsearchable, no_word = [], [], []
+    for doc in docs:
+        query, ranked = _query_for(per_doc.get(doc["doc_id"], []), df, rng)
         own = search(query, k=1, where={"doc_id": doc["doc_id"]}, mode="fulltext", config=config) if query else []
         if not own:
             unsearchable.append({"doc_id": doc["doc_id"], "query": query})
-        if not texts:
+        if not ranked:
+            no_word.append(doc["doc_id"])
             continue
         hits = search(query, k=10, mode="fulltext", config=config)
         if any(h.doc_id == doc["doc_id"] for h in hits):
@@ -118,13 +100,43 @@ def check(config: Path, sample: int | None) -> dict:
         else:
             outcome["outranked"] += 1
             outranked.append({"doc_id": doc["doc_id"], "query": query, "hits": [h.doc_id for h in hits]})
+    return {"search_checked": len(docs), "search_found": outcome["found"], "search_shared": outcome["shared"],
+            "search_outranked": outcome["outranked"], "outranked": outranked,
+            "searchable": len(docs) - len(unsearchable), "unsearchable": unsearchable,
+            "no_word": len(no_word), "no_word_docs": no_word}
+
+
+def check(config: Path, sample: int | None) -> dict:
+    """Every document indexed with all its chunks or quarantined with a known reason; each indexed one searchable.
+
+    The search part (search_check) takes the six rarest words (of four letters or more, by how many
+    chunks hold them) of one of the document's chunks, as a user who remembers what was particular to
+    a page would ask; every indexed document, or a sample.
+    """
+    import lancedb
+
+    from schemas.config import load_config
+    from schemas.errors import EXTRACTION_REASONS
+
+    cfg = load_config(config)
+    db = lancedb.connect(cfg.store.uri)
+    docs = db.open_table("documents").to_arrow().to_pylist()
+    chunks = db.open_table("chunks").to_arrow().select(["doc_id", "text"]).to_pylist()
+    per_doc: dict[str, list[str]] = {}
+    df: Counter[str] = Counter()
+    for row in chunks:
+        per_doc.setdefault(row["doc_id"], []).append(row["text"])
+        df.update(_words(row["text"]))
+    reasons = Counter(d["error"].split(":", 1)[0] for d in docs if d["status"] == "quarantined")
+    unknown = {r for r in reasons if r not in EXTRACTION_REASONS and r != "invalid"}
+    ok = [d for d in docs if d["status"] == "ok"]
+    short = [d["doc_id"] for d in ok if len(per_doc.get(d["doc_id"], [])) != d["total_chunks"]]
+    rng = random.Random(7)
+    tried = rng.sample(ok, min(sample, len(ok))) if sample else ok
     return {"documents": len(docs), "indexed": len(ok), "quarantined": sum(reasons.values()),
             "reasons": dict(reasons.most_common()), "unknown_reasons": sorted(unknown),
-            "indexed_with_missing_chunks": short, "chunks": len(chunks), "search_checked": len(tried),
-            "search_found": outcome["found"], "search_shared": outcome["shared"],
-            "search_outranked": outcome["outranked"], "outranked": outranked,
-            "searchable": len(tried) - len(unsearchable), "unsearchable": unsearchable,
-            "no_word": len(too_short), "no_word_docs": too_short}
+            "indexed_with_missing_chunks": short, "chunks": len(chunks),
+            **search_check(config, tried, per_doc, df, rng)}
 
 
 def main() -> None:
