@@ -99,7 +99,9 @@ def document_rows(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, 
     pending = set(embedded.filter(failed_mask(embedded))["doc_id"].to_pylist()) if embedded.num_rows else set()
     totals = pc.value_counts(embedded["doc_id"]).to_pylist() if embedded.num_rows else []
     chunk_counts = {t["values"]: t["counts"] for t in totals}
-    old = {r["doc_id"]: r for r in known.to_pylist()}
+    # Only this group's rows of the store's documents: the whole table grows with the corpus, the group does not.
+    mine = known.filter(pc.is_in(known["doc_id"], value_set=documents["doc_id"].combine_chunks()))
+    old = {r["doc_id"]: r for r in mine.to_pylist()}
     rows = []
     for doc in documents.to_pylist():
         prev = old.get(doc["doc_id"], {})
@@ -144,12 +146,20 @@ def _check_vectors(table: lancedb.table.Table, dim: int) -> None:
         raise EmbedderMismatchError(msg)
 
 
+def stored_doc_ids(table: lancedb.table.Table, doc_ids: Iterable[str]) -> set[str]:
+    """Return which of doc_ids have chunks in table (reads the doc_id column only)."""
+    found = select_where_in(table, "doc_id", doc_ids, ["doc_id"], pa.schema([pa.field("doc_id", pa.string())]))
+    return set(found["doc_id"].to_pylist())
+
+
 def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | pa.RecordBatchReader, scope: list[str],
-                  dim: int, result: LoadResult, num_rows: int | None = None) -> int:
+                  dim: int, result: LoadResult, num_rows: int | None = None, known: set[str] | None = None) -> int:
     """Upsert rows and delete other chunks of the scoped documents in one commit; count into result.
 
     rows may be a reader (num_rows given): LanceDB then takes the batches as they come, without a
-    concatenated copy of the whole group in memory.
+    concatenated copy of the whole group in memory. known names the documents that may have chunks
+    stored (they have a documents row); None means any may. A scoped document outside it is looked up,
+    since a run killed between its two commits leaves chunks without a documents row.
     """
     num_rows = rows.num_rows if num_rows is None else num_rows
     table = open_table(db, name)
@@ -161,6 +171,19 @@ def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | pa.Recor
     _check_vectors(table, dim)
     ensure_columns(table, chunk_rows_schema(dim))
     if not scope:
+        return table.version
+    if known is not None:
+        unknown = [d for d in scope if d not in known]
+        if unknown:
+            scope = [d for d in scope if d in known] + sorted(stored_doc_ids(table, unknown))
+    if not scope and num_rows == 0:
+        return table.version
+    if not scope:
+        # None of these documents has a chunk stored, so none of their chunk ids (made from the doc id) is
+        # there: a plain append. A merge that deletes by source joins against the whole table, and its
+        # peak memory grows with it (bench/README.md); an append's does not.
+        table.add(rows)
+        result.chunks_added = result.chunks_written = num_rows
         return table.version
     where = f"doc_id IN ({sql_list(scope)})"
     if num_rows == 0:
@@ -285,12 +308,14 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
     deleted = _ids(documents, pc.equal(documents["change"], "deleted"))
     result = LoadResult()
+    ids = known["doc_id"]
+    known_ids = set(ids.filter(pc.is_in(ids, value_set=pa.array(ok + deleted, pa.string()))).to_pylist())
     if parts is None:  # embedded holds every column
         chunks_version = commit_chunks(db, chunks_table, chunk_rows(embedded, documents, extracted, run_id, dim),
-                                       ok + deleted, dim, result)
+                                       ok + deleted, dim, result, known=known_ids)
     else:  # embedded holds doc ids and enrichment keys only; the rows come from parts, streamed
         chunks_version = commit_chunks(db, chunks_table, _chunk_reader(parts(), documents, extracted, run_id, dim),
-                                       ok + deleted, dim, result, num_rows=embedded.num_rows)
+                                       ok + deleted, dim, result, num_rows=embedded.num_rows, known=known_ids)
     failpoint("chunks-committed")
     doc_rows = document_rows(documents, extracted, embedded, known, settings_fp, run_id, now)
     docs_version = commit_documents(db, doc_rows, deleted, documents_table)

@@ -143,6 +143,28 @@ def test_crash_between_chunk_and_document_commit_converges(corpus, write_config,
     assert len({c["chunk_id"] for c in got_chunks}) == len(got_chunks)
 
 
+def test_new_document_crashed_between_its_commits_then_edited_leaves_no_chunk_of_its_first_text(
+        corpus, write_config, monkeypatch):
+    # Its chunks are stored but it has no documents row: the next commit must look for them to delete them.
+    config = write_config(corpus)
+    ingest(config_path=str(config))
+    knots = corpus / "guides" / "knots.md"
+    knots.write_text("# Knots\n\nThe reef knot joins two ends of one line.\n")
+    with monkeypatch.context() as patch:
+        patch.setattr(tasks.load, "commit_documents", lambda *_a, **_k: (_ for _ in ()).throw(RuntimeError("crash")))
+        with pytest.raises(RuntimeError, match="crash"):
+            ingest(config_path=str(config))
+    assert [c for c in _tables(config)[1] if c["doc_id"] == "sample:guides/knots.md"], "the crash left its chunks"
+    knots.write_text("# Knots\n\nThe bowline makes a fixed loop that will not slip.\n")
+    ingest(config_path=str(config))
+
+    reference = write_config(corpus, name="reference.yaml", store="reference")
+    ingest(config_path=str(reference))
+    assert _tables(config)[1] == _tables(reference)[1]
+    texts = [c["text"] for c in _tables(config)[1] if c["doc_id"] == "sample:guides/knots.md"]
+    assert not any("reef knot" in t for t in texts)
+
+
 def test_sample_question_finds_its_document_with_citation(corpus, write_config):
     config = write_config(corpus, embedding={"kind": "minilm", "dim": None})
     ingest(config_path=str(config))
