@@ -26,7 +26,7 @@ from schemas.config import EmbeddingConfig, EnrichmentConfig, PricingConfig
 from tasks.artifacts import read_artifact, report_batch_job, write_artifact
 from tasks.progress import stage_progress
 from tasks.stage import stage
-from tasks.store import connect, open_table, select_where_in
+from tasks.store import connect, open_table, select_one_per_key
 
 
 def embedding_inputs(enriched: pa.Table, delimiter: str) -> list[str]:
@@ -156,7 +156,7 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
         titles = [title_of.get(d) or "" for d in enriched["doc_id"].to_pylist()]
     table = open_table(connect(store_uri), chunks_table)
     keys = [embed_key(t, spec.fingerprint, title) for t, title in zip(inputs, titles)]
-    cached = select_where_in(table, "embed_key", keys, ["embed_key", "truncated", "vector"], schema)
+    cached = select_one_per_key(table, "embed_key", keys, ["embed_key", "truncated", "vector"], schema)
     embedder = _ModelClock(make_embedder(cfg))
     batch_call = None
     run_batch = getattr(embedder, "embed_batch", None)

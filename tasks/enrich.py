@@ -25,7 +25,7 @@ from schemas.config import EnrichmentConfig, PricingConfig
 from tasks.artifacts import read_artifact, report_batch_job, write_artifact
 from tasks.progress import stage_progress
 from tasks.stage import stage
-from tasks.store import connect, open_table, select_where_in
+from tasks.store import connect, open_table, select_one_per_key
 
 
 def enrich_key(item: EnrichInput, fingerprint: str, document: str | None = None) -> str:
@@ -172,7 +172,7 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
     if enricher is not None and items:
         keys = [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, documents)]
         table = open_table(connect(store_uri), chunks_table)
-        found = select_where_in(table, "enrich_key", keys, ["enrich_key", "enrichment"], ENRICHED_CHUNKS_SCHEMA)
+        found = select_one_per_key(table, "enrich_key", keys, ["enrich_key", "enrichment"], ENRICHED_CHUNKS_SCHEMA)
         cached = dict(zip(found["enrich_key"].to_pylist(), found["enrichment"].to_pylist()))
     before = replace(getattr(enricher, "usage", Usage()))
     batch_call = None

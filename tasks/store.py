@@ -94,6 +94,30 @@ def select_where_in(table: lancedb.table.Table | None, column: str, values: Iter
     return pa.concat_tables([conform(p, parts[0].schema) for p in parts])
 
 
+def select_one_per_key(table: lancedb.table.Table | None, column: str, values: Iterable[str],
+                       columns: list[str], schema: pa.Schema) -> pa.Table:
+    """Return one row (any) for each of values found in column, only the named columns; empty when table is None.
+
+    For cache lookups: a text shared by many documents has as many rows, and fetching them all grew
+    with the corpus (at 100k generated documents a batch's 4,000 keys matched ~250k rows of vectors).
+    The keys' row ids are read first (the key column only), then one row per key is taken by id.
+    """
+    values = sorted(set(values))
+    if table is None or not values:
+        return select_where_in(None, column, values, columns, schema)
+    found = []
+    for i in range(0, len(values), _IN_BATCH):
+        where = f"{column} IN ({sql_list(values[i : i + _IN_BATCH])})"
+        found.append(table.search().where(where).select([column]).with_row_id(True).limit(None).to_arrow())
+    keys = pa.concat_tables(found)
+    first = keys.group_by(column, use_threads=False).aggregate([("_rowid", "min")])["_rowid_min"].to_pylist()
+    if not first:
+        return select_where_in(None, column, values, columns, schema)
+    # The handle stays on the version it opened, so these ids are the rows the first read saw.
+    rows = table.take_row_ids(first).select(columns).to_arrow()
+    return conform(rows.select(columns), pa.schema([schema.field(c) for c in columns]))
+
+
 def ensure_columns(table: lancedb.table.Table, schema: pa.Schema) -> None:
     """Add the columns of schema that a table written by an older Inlet lacks (null in its old rows)."""
     have = set(table.schema.names)  # one schema read: table.schema goes to the store each time
