@@ -34,6 +34,7 @@ from tasks.detect import detect_stage, refuse_unindexed_failures, settings_finge
 from tasks.extract import close_pools
 from tasks.failpoints import failpoint
 from tasks.load import Writer
+from tasks.memory import release_memory
 from tasks.progress import stage_progress
 from tasks.report import report_stage
 from tasks.store import (
@@ -220,6 +221,7 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
                 totals["seconds"] = merge_usage(totals["seconds"], done["seconds"])
                 spans.append(done["span"])
                 advance(len(batches[n]))
+                release_memory()
     finally:
         close_pools()  # extraction workers started by batches in this process
         close_cpu_pool()

@@ -1,0 +1,31 @@
+"""Hand freed memory back to the operating system between batches, so a long run's RSS follows its live data."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+
+import pyarrow as pa
+
+
+@functools.cache
+def _malloc_trim() -> ctypes._CFuncPtr | None:
+    """glibc's malloc_trim, or None under another C library (musl, macOS), which has no such call."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+def release_memory() -> None:
+    """Return the free pages of glibc's malloc arenas and of Arrow's memory pool to the system.
+
+    Measured on 30,000 documents (bench/README.md): the run's live memory stays flat from batch to
+    batch, but the allocators keep what each batch freed (glibc per thread, Arrow's mimalloc in its
+    own segments), and RSS grew by ~8 MB a batch. Both calls cost milliseconds; a batch takes seconds.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+    pa.default_memory_pool().release_unused()
