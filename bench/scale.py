@@ -46,16 +46,19 @@ def generate(target: Path, docs: int) -> int:
     return total
 
 
-def _rss_mb() -> float:
+def _rss_mb() -> tuple[float, float]:
+    """This process's resident MB: anonymous memory, and files mapped in (libraries, data files read by mmap)."""
     with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS")) / 1024
+        kb = {line.split(":")[0]: int(line.split()[1]) for line in fh if line.startswith(("RssAnon", "RssFile"))}
+    return kb["RssAnon"] / 1024, kb["RssFile"] / 1024
 
 
-def sample_rss(timeline: list[tuple[float, float]], stop: threading.Event, every_s: float = 0.05) -> None:
-    """Record (seconds since start, RSS MB) of this process until stop is set: where the peak is, not only its size."""
+def sample_rss(timeline: list[tuple[float, float, float]], stop: threading.Event, every_s: float = 0.05) -> None:
+    """Record (seconds since start, RSS MB, of which file-backed MB) until stop is set: where the peak is and what."""
     start = time.perf_counter()
     while not stop.wait(every_s):
-        timeline.append((round(time.perf_counter() - start, 2), round(_rss_mb())))
+        anon, files = _rss_mb()
+        timeline.append((round(time.perf_counter() - start, 2), round(anon + files), round(files)))
 
 
 def worker(config: str, out: str) -> None:
@@ -72,7 +75,7 @@ def worker(config: str, out: str) -> None:
     done = time.perf_counter()
     stop.set()
     sampler.join()
-    peak_at = max(timeline, key=lambda p: p[1]) if timeline else (0, 0)
+    peak_at = max(timeline, key=lambda p: p[1]) if timeline else (0, 0, 0)
     Path(out).write_text(json.dumps({
         "import_s": round(imported - start, 2), "flow_s": round(done - imported, 2),
         "pipeline_s": summary["pipeline_seconds"],
@@ -82,7 +85,8 @@ def worker(config: str, out: str) -> None:
         "chunks_written": summary["chunks_written"], "texts_embedded": summary["texts_embedded"],
         "stage_seconds": summary["stage_seconds"], "versions": summary["versions"],
         "rss_after_import_mb": round(timeline[0][1]) if timeline else None,
-        "peak_sampled_at_s": peak_at[0], "rss_timeline": timeline[::10]}))
+        "peak_sampled_at_s": peak_at[0], "peak_sampled_file_mb": peak_at[2],
+        "max_file_mb": max((p[2] for p in timeline), default=0), "rss_timeline": timeline[::10]}))
 
 
 def main() -> None:
