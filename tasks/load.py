@@ -146,10 +146,18 @@ def _check_vectors(table: lancedb.table.Table, dim: int) -> None:
         raise EmbedderMismatchError(msg)
 
 
-def stored_doc_ids(table: lancedb.table.Table, doc_ids: Iterable[str]) -> set[str]:
-    """Return which of doc_ids have chunks in table (reads the doc_id column only)."""
-    found = select_where_in(table, "doc_id", doc_ids, ["doc_id"], pa.schema([pa.field("doc_id", pa.string())]))
-    return set(found["doc_id"].to_pylist())
+def with_stored_chunks(table: lancedb.table.Table, scope: list[str], known: set[str] | None) -> list[str]:
+    """Return the scoped documents that may have chunks in table: those in known, and the others found there.
+
+    known names the documents with a documents row (None: take every one as possibly stored). The
+    others are looked up (doc_id column only): a run killed between its two commits leaves chunks
+    without a documents row.
+    """
+    unknown = [] if known is None else [d for d in scope if d not in known]
+    if not unknown:
+        return scope
+    found = select_where_in(table, "doc_id", unknown, ["doc_id"], pa.schema([pa.field("doc_id", pa.string())]))
+    return [d for d in scope if d in known] + sorted(set(found["doc_id"].to_pylist()))
 
 
 def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | pa.RecordBatchReader, scope: list[str],
@@ -157,9 +165,7 @@ def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | pa.Recor
     """Upsert rows and delete other chunks of the scoped documents in one commit; count into result.
 
     rows may be a reader (num_rows given): LanceDB then takes the batches as they come, without a
-    concatenated copy of the whole group in memory. known names the documents that may have chunks
-    stored (they have a documents row); None means any may. A scoped document outside it is looked up,
-    since a run killed between its two commits leaves chunks without a documents row.
+    concatenated copy of the whole group in memory. known: see with_stored_chunks.
     """
     num_rows = rows.num_rows if num_rows is None else num_rows
     table = open_table(db, name)
@@ -172,10 +178,7 @@ def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | pa.Recor
     ensure_columns(table, chunk_rows_schema(dim))
     if not scope:
         return table.version
-    if known is not None:
-        unknown = [d for d in scope if d not in known]
-        if unknown:
-            scope = [d for d in scope if d in known] + sorted(stored_doc_ids(table, unknown))
+    scope = with_stored_chunks(table, scope, known)
     if not scope and num_rows == 0:
         return table.version
     if not scope:

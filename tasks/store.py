@@ -102,20 +102,18 @@ def select_one_per_key(table: lancedb.table.Table | None, column: str, values: I
     with the corpus (at 100k generated documents a batch's 4,000 keys matched ~250k rows of vectors).
     The keys' row ids are read first (the key column only), then one row per key is taken by id.
     """
+    wanted = pa.schema([schema.field(c) for c in columns])
     values = sorted(set(values))
     if table is None or not values:
-        return select_where_in(None, column, values, columns, schema)
-    found = []
-    for i in range(0, len(values), _IN_BATCH):
-        where = f"{column} IN ({sql_list(values[i : i + _IN_BATCH])})"
-        found.append(table.search().where(where).select([column]).with_row_id(True).limit(None).to_arrow())
-    keys = pa.concat_tables(found)
-    first = keys.group_by(column, use_threads=False).aggregate([("_rowid", "min")])["_rowid_min"].to_pylist()
+        return wanted.empty_table()
+    found = [table.search().where(f"{column} IN ({sql_list(values[i : i + _IN_BATCH])})").select([column])
+             .with_row_id(True).limit(None).to_arrow() for i in range(0, len(values), _IN_BATCH)]
+    first = (pa.concat_tables(found).group_by(column, use_threads=False).aggregate([("_rowid", "min")])
+             ["_rowid_min"].to_pylist())
     if not first:
-        return select_where_in(None, column, values, columns, schema)
+        return wanted.empty_table()
     # The handle stays on the version it opened, so these ids are the rows the first read saw.
-    rows = table.take_row_ids(first).select(columns).to_arrow()
-    return conform(rows.select(columns), pa.schema([schema.field(c) for c in columns]))
+    return conform(table.take_row_ids(first).select(columns).to_arrow().select(columns), wanted)
 
 
 def ensure_columns(table: lancedb.table.Table, schema: pa.Schema) -> None:
