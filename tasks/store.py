@@ -177,6 +177,12 @@ def writer_lock(uri: str | Path, run: str, wait_s: float = 0) -> Iterator[None]:
         lock.release()
 
 
+def _is_locked(cause: BaseException | None) -> bool:
+    """Whether an error from the Prefect API is its 423 answer: the limit's one slot is taken."""
+    response = getattr(cause, "response", None)
+    return response is not None and response.status_code == 423
+
+
 @contextmanager
 def _remote_writer_lock(uri: str, run: str, wait_s: float) -> Iterator[None]:
     """One writer per store on object storage, through a Prefect global concurrency limit of 1."""
@@ -184,6 +190,7 @@ def _remote_writer_lock(uri: str, run: str, wait_s: float) -> Iterator[None]:
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
     from prefect.concurrency.sync import concurrency
     from prefect.exceptions import ObjectAlreadyExists
 
@@ -193,11 +200,15 @@ def _remote_writer_lock(uri: str, run: str, wait_s: float) -> Iterator[None]:
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
         except ObjectAlreadyExists:
             pass
+    # wait_s == 0 asks the server once and refuses on its 423 (busy) answer: a wall-clock timeout
+    # would also refuse when the API is merely slow (a loaded CI machine took over 0.5 s to answer).
+    waiting = {"timeout_seconds": wait_s, "max_retries": None} if wait_s > 0 else {"max_retries": 0}
     held = ExitStack()
     try:  # acquiring only: a TimeoutError from the run itself is not a busy store
-        held.enter_context(concurrency(name, occupy=1, timeout_seconds=max(wait_s, 0.5), lease_duration=60,
-                                       strict=True))
-    except TimeoutError:
+        held.enter_context(concurrency(name, occupy=1, lease_duration=60, strict=True, **waiting))
+    except (TimeoutError, ConcurrencySlotAcquisitionError) as exc:
+        if not isinstance(exc, TimeoutError) and not _is_locked(exc.__cause__):
+            raise
         msg = (f"{uri} is being written by another run (Prefect concurrency limit {name}); {run} wrote nothing. "
                "Run it again when that one has finished, or set store.lock_wait_s to wait for it")
         raise StoreBusyError(msg) from None

@@ -88,3 +88,30 @@ def test_a_store_folder_that_cannot_be_made_is_a_store_error_naming_it(tmp_path)
     with pytest.raises(StoreError, match=r"file/lancedb: cannot create the store folder \(store.uri\)"), \
             writer_lock(blocker / "lancedb", "a-run"):
         pass
+
+
+def test_a_store_on_object_storage_is_refused_by_the_servers_answer_not_a_clock(prefect_harness):
+    # The Prefect concurrency limit stands in for flock there; wait_s=0 must mean "busy", never "the API was slow".
+    import threading
+
+    uri = "s3://lock-test/lancedb"
+    with writer_lock(uri, "holder-run"), \
+            pytest.raises(StoreBusyError, match="being written by another run.*second-run wrote nothing"), \
+            writer_lock(uri, "second-run"):
+        pass
+    with writer_lock(uri, "after-release"):  # released on exit: the next run gets in at once
+        pass
+    held, released = threading.Event(), threading.Event()
+
+    def hold_briefly() -> None:
+        with writer_lock(uri, "holder-run"):
+            held.set()
+            released.wait(30)
+
+    holder = threading.Thread(target=hold_briefly)
+    holder.start()
+    assert held.wait(60)
+    threading.Timer(1.0, released.set).start()
+    with writer_lock(uri, "patient-run", wait_s=60):  # queued behind the holder, then in
+        assert released.is_set()
+    holder.join(30)
