@@ -31,7 +31,6 @@ from tasks.batch import (
 from tasks.cpu import close_cpu_pool, default_workers, start_cpu_pool, worth_a_pool
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
-from tasks.extract import close_pools
 from tasks.failpoints import failpoint
 from tasks.load import Writer
 from tasks.memory import release_memory
@@ -223,7 +222,6 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
                 advance(len(batches[n]))
                 release_memory()
     finally:
-        close_pools()  # extraction workers started by batches in this process
         close_cpu_pool()
     # Stage seconds are summed over batches: with several workers they add up to more than the wall time.
     totals["seconds"] = {k: round(v, 3) for k, v in totals["seconds"].items()}

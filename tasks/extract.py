@@ -515,24 +515,33 @@ class ExtractionPool:
 
 _POOLS: dict[ExtractionConfig, ExtractionPool] = {}
 _POOLS_LOCK = threading.Lock()
+_AT_EXIT = None
 
 
 def shared_pool(cfg: ExtractionConfig) -> ExtractionPool:
-    """Return this process's extraction pool for cfg, started on first use.
+    """Return this process's extraction pool for cfg, started on first use and kept for later runs.
 
-    Batches running in threads of one process share it: the workers' start-up (importing the
-    partitioners, seconds) is paid once per process, not once per batch.
+    Batches running in threads of one process share it, and so do later runs in the same process
+    (tests, notebooks, benchmarks): the workers' start-up, seconds of imports each, is paid once per
+    process, not once per run. A pool for another extraction config is stopped when this one starts;
+    every pool stops when the process exits. Deployments run each flow run in a process of its own,
+    so a served or worker-run flow holds no idle workers between runs.
     """
+    global _AT_EXIT
     with _POOLS_LOCK:
+        stale = [_POOLS.pop(kept) for kept in list(_POOLS) if kept != cfg]
         if cfg not in _POOLS:
-            if not _POOLS:
-                atexit.register(close_pools)
+            if not _AT_EXIT:
+                _AT_EXIT = atexit.register(close_pools)
             _POOLS[cfg] = ExtractionPool(cfg)
-        return _POOLS[cfg]
+        pool = _POOLS[cfg]
+    for old in stale:
+        old.close()
+    return pool
 
 
 def close_pools() -> None:
-    """Stop every extraction pool of this process (the run's end; at exit in worker processes)."""
+    """Stop every extraction pool of this process (at exit)."""
     with _POOLS_LOCK:
         pools = list(_POOLS.values())
         _POOLS.clear()

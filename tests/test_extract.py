@@ -9,7 +9,13 @@ import pytest
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
 from tasks.clean import clean_html
-from tasks.extract import decode_text, extract_document, split_front_matter
+from tasks.extract import (
+    close_pools,
+    decode_text,
+    extract_document,
+    shared_pool,
+    split_front_matter,
+)
 from tasks.spacy_fallback import (
     NOTICE,
     install_fallback_if_needed,
@@ -201,3 +207,18 @@ def test_text_without_a_letter_or_digit_is_quarantined_as_empty(tmp_path, name, 
     with pytest.raises(ExtractionError, match="no letter or digit") as caught:
         extract_document("d", str(path), CFG)
     assert caught.value.reason == "empty"
+
+
+def test_extraction_workers_outlive_a_run_and_are_replaced_for_another_config():
+    # Workers take seconds to import the partitioners: later runs in the same process reuse them.
+    report = str(SAMPLE / "reports" / "regatta-report-2025.pdf")
+    try:
+        pool = shared_pool(ExtractionConfig())
+        first = pool.result(pool.submit("r", report))
+        assert shared_pool(ExtractionConfig()) is pool, "the next run gets the same workers"
+        assert pool.result(pool.submit("r", report)).elements == first.elements
+        other = shared_pool(ExtractionConfig(timeout_s=60))
+        assert other is not pool and not pool._pool.active, "a pool for another config stops the old one"
+        assert other.result(other.submit("r", report)).elements == first.elements
+    finally:
+        close_pools()

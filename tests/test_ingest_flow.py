@@ -8,6 +8,7 @@ from pathlib import Path
 import lancedb
 import pytest
 
+import tasks.extract
 import tasks.load
 from flows.ingest import ingest
 from providers.embedders import HashingEmbedder
@@ -216,3 +217,13 @@ def test_bad_files_are_quarantined_while_good_ones_are_indexed(corpus, write_con
     assert fixed["docs_changed"] == 1 and fixed["docs_quarantined"] == 0
     assert db.open_table("quarantine").count_rows() == len(BAD_FILES) - 1
     assert search("harbour tide table", k=1, config=config)[0].doc_id == "sample:incoming/unstructured__empty.txt"
+
+
+def test_a_later_run_in_the_same_process_reuses_the_extraction_workers(corpus, write_config):
+    # Starting them costs seconds of imports each; a notebook or a test session ingesting again should not pay it.
+    ingest(config_path=str(write_config(corpus)))
+    started = dict(tasks.extract._POOLS)
+    assert len(started) == 1 and all(pool._pool.active for pool in started.values()), "workers kept after the run"
+    second = ingest(config_path=str(write_config(corpus, name="other.yaml", store="other")))
+    assert second["docs_new"] == 5 and second["docs_quarantined"] == 0
+    assert tasks.extract._POOLS == started, "the second run used the same workers"
