@@ -112,3 +112,15 @@ def test_the_config_knows_every_check_the_suites_run():
     from schemas.config import QUALITY_CHECKS
 
     assert {a: tuple(c.name for c in checks) for a, checks in CHUNKS.items()} == QUALITY_CHECKS
+
+
+def test_the_flow_loads_great_expectations_only_when_a_batch_is_validated():
+    # GX takes seconds to import; a no-op run (nothing changed, no batch) should not pay them at start-up.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = "import sys, flows.ingest; print('great_expectations' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
