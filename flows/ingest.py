@@ -33,7 +33,7 @@ from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
 from tasks.failpoints import failpoint
 from tasks.load import Writer
-from tasks.memory import release_memory
+from tasks.memory import release_memory, use_lean_allocators
 from tasks.progress import stage_progress
 from tasks.report import report_stage
 from tasks.store import (
@@ -94,6 +94,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     """
     begin = time.perf_counter()
     cfg = load_config(config_path)
+    if cfg.execution.lean_memory:
+        use_lean_allocators()
     use_secret_block(cfg.api_key_block)
     started = datetime.now(UTC)
     run_id = new_run_id(started)

@@ -131,13 +131,14 @@ _GX = threading.Lock()  # batches in threads share one context; a validation tak
 @cache
 def _context() -> Any:
     """The process's ephemeral GX context."""
-    # Its INFO lines (temporary docs folders and the like) would reach cron mail; GX sets levels on its own loggers.
-    for name in [n for n in logging.root.manager.loggerDict if n.startswith("great_expectations")]:
-        logging.getLogger(name).setLevel(logging.WARNING)
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)
     import great_expectations as gx  # ~3.5 s of imports: a run with no batch to validate (a no-op) never pays them
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
+    # Its INFO lines (temporary docs folders and the like) would reach cron mail; GX sets levels on its own
+    # loggers when imported, so these are set after the import.
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("great_expectations")]:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     return context

@@ -32,3 +32,17 @@ def test_freed_heap_memory_below_a_live_allocation_is_returned_by_release_memory
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     before, after = map(int, out.stdout.split())
     assert before - after > 150, f"RssAnon {before} MB -> {after} MB"
+
+
+def test_lean_allocators_cap_the_arenas_and_hand_arrow_the_system_allocator():
+    script = textwrap.dedent("""
+        import pyarrow as pa
+        from tasks.memory import use_lean_allocators
+
+        before = pa.default_memory_pool().backend_name
+        took = use_lean_allocators()
+        print(before, took, pa.default_memory_pool().backend_name)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    before, took, after = out.stdout.split()
+    assert (took, after) == ("True", "system") and before != "system"
