@@ -515,7 +515,6 @@ class ExtractionPool:
 
 _POOLS: dict[ExtractionConfig, ExtractionPool] = {}
 _POOLS_LOCK = threading.Lock()
-_AT_EXIT = None
 
 
 def shared_pool(cfg: ExtractionConfig) -> ExtractionPool:
@@ -527,12 +526,9 @@ def shared_pool(cfg: ExtractionConfig) -> ExtractionPool:
     every pool stops when the process exits. Deployments run each flow run in a process of its own,
     so a served or worker-run flow holds no idle workers between runs.
     """
-    global _AT_EXIT
     with _POOLS_LOCK:
         stale = [_POOLS.pop(kept) for kept in list(_POOLS) if kept != cfg]
         if cfg not in _POOLS:
-            if not _AT_EXIT:
-                _AT_EXIT = atexit.register(close_pools)
             _POOLS[cfg] = ExtractionPool(cfg)
         pool = _POOLS[cfg]
     for old in stale:
@@ -547,6 +543,9 @@ def close_pools() -> None:
         _POOLS.clear()
     for pool in pools:
         pool.close()
+
+
+atexit.register(close_pools)  # a no-op in a process that never started a pool
 
 
 def can_start_workers() -> bool:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal
 
-# Imported with the module, not inside the gate: the import takes ~3 s of start-up, once per process.
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
