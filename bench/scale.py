@@ -95,6 +95,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=10_000)
     parser.add_argument("--runner", choices=["thread", "process", "dask"], default="thread")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--keep", action="store_true", help="keep the generated corpus and store (path printed)")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -125,7 +126,10 @@ def main() -> None:
     dest = ROOT / "bench" / "results" / f"scale-{args.docs}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(results, indent=1))
-    shutil.rmtree(work, ignore_errors=True)
+    if args.keep:
+        print("kept", work)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from schemas.errors import EmbedderMismatchError
 from tasks.artifacts import read_artifact
 from tasks.enrich import failed_mask
 from tasks.failpoints import failpoint
+from tasks.memory import release_memory
 from tasks.stage import stage
 from tasks.store import (
     DOCUMENTS,
@@ -251,9 +252,10 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
     rows = table.count_rows()
     if rows == 0:
         return {}
-    if fulltext and _unindexed(table, "text")[0] is None:
-        table.create_index("text", config=FTS(with_position=False), replace=True)
+    # The builds are the run's largest allocations (~600 MB each at 864k rows): the vector index first, while
+    # the process holds least, and freed pages go back to the system before the next one starts.
     if rows >= ann_min_rows and _unindexed(table, "vector")[0] is None:
+        release_memory()
         # HNSW graphs inside IVF partitions with 8-bit scalar quantisation: high recall without a refine step.
         # About 4,000 rows a partition: at 1M rows, 256 partitions gave recall@10 0.95 and built in 2.4 min,
         # where the library's default (sqrt(rows), 1,000) took 13.5 min.
@@ -262,7 +264,11 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
         # Every search prefilters on clearance and expiry: scalar indexes keep that from scanning the table.
         table.create_index("access_level", config=Bitmap(), replace=True)
         table.create_index("expires_at", config=BTree(), replace=True)
+    if fulltext and _unindexed(table, "text")[0] is None:
+        release_memory()
+        table.create_index("text", config=FTS(with_position=False), replace=True)
     if any(c["unindexed"] > MAX_UNINDEXED for c in index_coverage(table).values()):
+        release_memory()
         # No pruning here: old versions are what as_of reads; the maintenance flow decides their retention.
         table.optimize(cleanup_older_than=timedelta(days=36_500))
     return index_coverage(table)
