@@ -252,8 +252,8 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
     rows = table.count_rows()
     if rows == 0:
         return {}
-    # The builds are the run's largest allocations (~600 MB each at 864k rows): the vector index first, while
-    # the process holds least, and freed pages go back to the system before the next one starts.
+    # The builds are a run's largest allocations (at 864k rows the vector index adds ~680 MB, the full-text one
+    # less): the larger first, each after freed pages have gone back to the system (bench/README.md, 100k).
     if rows >= ann_min_rows and _unindexed(table, "vector")[0] is None:
         release_memory()
         # HNSW graphs inside IVF partitions with 8-bit scalar quantisation: high recall without a refine step.
