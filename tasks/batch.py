@@ -27,7 +27,6 @@ from tasks.failpoints import failpoint
 from tasks.metadata import language_identifier
 from tasks.progress import quiet_stages
 from tasks.quality import validate_stage
-from tasks.quality import warm as warm_quality
 from tasks.refresh import refresh_stage
 from tasks.report import text_counts
 from tasks.store import use_store_options
@@ -110,7 +109,7 @@ def write_batch_documents(per_index: list[pa.Table], plans: list[IndexPlan], bat
 
 
 def warm_up() -> threading.Thread:
-    """Load, in a background thread, what the stages load on first use: the tokenizer, the language model, GX.
+    """Load, in a background thread, what the stages load on first use: the tokenizer and the language model.
 
     The first batch of a small run would otherwise load them one after the other on its own path; here
     they load while the flow creates the batch's task runs and reads its documents.
@@ -119,7 +118,6 @@ def warm_up() -> threading.Thread:
         try:
             encoding()
             language_identifier()
-            warm_quality()
         except Exception:  # noqa: BLE001, S110 - a stage that needs what failed to load loads it again and says why
             pass
 
