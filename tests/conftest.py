@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -57,6 +58,51 @@ def write_config(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return _write
+
+
+class _Requests(logging.Handler):
+    """The S3 server's access log: one line per request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def s3():
+    """A local S3-compatible server with a bucket 'docs'; yields (endpoint, boto3 client, request log)."""
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
+                          region_name="us-east-1")
+    client.create_bucket(Bucket="docs")
+    log = _Requests()
+    werkzeug = logging.getLogger("werkzeug")
+    werkzeug.addHandler(log)
+    werkzeug.setLevel(logging.INFO)
+    try:
+        yield endpoint, client, log
+    finally:
+        werkzeug.removeHandler(log)
+        server.stop()
+
+
+def bucket_store(endpoint: str, bucket: str) -> dict:
+    """A config's store section with the tables and the run artifacts in a bucket of the local S3 server."""
+    fs_options = {"endpoint_url": endpoint, "key": "test", "secret": "test",
+                  "client_kwargs": {"region_name": "us-east-1"}}
+    lance_options = {"aws_endpoint": endpoint, "aws_access_key_id": "test", "aws_secret_access_key": "test",
+                     "aws_region": "us-east-1", "allow_http": "true"}
+    return {"uri": f"s3://{bucket}/lancedb", "options": lance_options, "artifacts": f"s3://{bucket}/runs",
+            "artifacts_options": fs_options}
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import lancedb
 import pytest
 import yaml
@@ -11,44 +9,9 @@ import yaml
 from flows.ingest import ingest
 from query import search
 from schemas.config import load_config
-from tests.conftest import SAMPLE
+from tests.conftest import SAMPLE, bucket_store
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-
-class _Requests(logging.Handler):
-    """The S3 server's access log: one line per request."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-@pytest.fixture
-def s3():
-    """A local S3-compatible server with a bucket 'docs'; yields (endpoint, boto3 client, request log)."""
-    boto3 = pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
-                          region_name="us-east-1")
-    client.create_bucket(Bucket="docs")
-    log = _Requests()
-    werkzeug = logging.getLogger("werkzeug")
-    werkzeug.addHandler(log)
-    werkzeug.setLevel(logging.INFO)
-    try:
-        yield endpoint, client, log
-    finally:
-        werkzeug.removeHandler(log)
-        server.stop()
 
 
 def _upload(client, tmp_path) -> list[str]:
@@ -131,14 +94,9 @@ def test_a_file_uri_folder_is_read_through_fsspec(write_config, tmp_path, corpus
 def test_the_store_and_artifacts_can_both_live_in_a_bucket(s3, write_config, tmp_path, corpus):
     endpoint, client, _ = s3
     client.create_bucket(Bucket="knowledge")
-    fs_options = {"endpoint_url": endpoint, "key": "test", "secret": "test",
-                  "client_kwargs": {"region_name": "us-east-1"}}
-    lance_options = {"aws_endpoint": endpoint, "aws_access_key_id": "test", "aws_secret_access_key": "test",
-                     "aws_region": "us-east-1", "allow_http": "true"}
     config = write_config(corpus, execution={"batch_docs": 2})
     data = yaml.safe_load(config.read_text())
-    data["store"] = {"uri": "s3://knowledge/lancedb", "options": lance_options, "artifacts": "s3://knowledge/runs",
-                     "artifacts_options": fs_options}
+    data["store"] = bucket_store(endpoint, "knowledge")
     config.write_text(yaml.safe_dump(data))
     first = ingest(config_path=str(config))
     assert first["docs_new"] == 5 and first["docs_quarantined"] == 0

@@ -13,13 +13,14 @@ import yaml
 from flows.ingest import ingest
 from schemas.config import load_config
 from schemas.errors import ConfigError
-from tests.conftest import SAMPLE
+from tests.conftest import SAMPLE, bucket_store
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 def _tables(config: Path) -> tuple[list[tuple], list[tuple]]:
-    db = lancedb.connect(str(load_config(config).store.uri))
+    store = load_config(config).store
+    db = lancedb.connect(str(store.uri), storage_options=store.options or None)
     chunks = db.open_table("chunks").to_arrow()
     docs = db.open_table("documents").to_arrow()
     return (sorted(zip(*(chunks[c].to_pylist() for c in ("chunk_id", "doc_id", "chunk_index", "text", "enrichment",
@@ -138,6 +139,23 @@ def test_batches_run_on_an_existing_dask_cluster_given_by_address(sample_referen
     other = ingest(config_path=str(remote))
     assert other["docs_new"] == 5 and other["docs_quarantined"] == 0
     assert _tables(remote) == expected
+
+
+def test_dask_workers_started_apart_write_batches_and_tables_to_a_bucket(sample_reference, tmp_path, dask_cluster, s3):
+    # As across machines: the workers share nothing with the flow but the Dask scheduler and the bucket.
+    corpus, expected = sample_reference
+    endpoint, client, _ = s3
+    client.create_bucket(Bucket="knowledge")
+    config = _dask_config(tmp_path, corpus, {"dask_address": dask_cluster})
+    data = yaml.safe_load(config.read_text())
+    data["store"] = bucket_store(endpoint, "knowledge")
+    config.write_text(yaml.safe_dump(data))
+    summary = ingest(config_path=str(config))
+    assert summary["docs_new"] == 5 and summary["docs_quarantined"] == 0
+    assert not (tmp_path / "store").exists(), "nothing written locally"
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="knowledge", Prefix="runs/")["Contents"]]
+    assert any("/batches/" in k and k.endswith("embedded_chunks.parquet") for k in keys), keys[:20]
+    assert _tables(config) == expected
 
 
 def test_a_dask_address_nobody_answers_is_an_error_naming_the_key(corpus, write_config):
