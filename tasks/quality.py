@@ -156,7 +156,10 @@ def _defer(name: str) -> None:
     """Put a _Deferred stand-in for name in sys.modules, unless it is already imported or not installed."""
     if name in sys.modules:
         return
-    spec = importlib.util.find_spec(name)
+    try:
+        spec = importlib.util.find_spec(name)
+    except ImportError:  # its parent package is missing: then so is the module, and GX's import says so
+        return
     if spec is None:
         return
     module = _Deferred(name)
