@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -81,6 +82,8 @@ def s3():
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
+    # moto keeps its buckets in the process, not in the server: start each test from an empty one.
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10).close()
     client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
                           region_name="us-east-1")
     client.create_bucket(Bucket="docs")
