@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 import uuid
@@ -17,6 +18,7 @@ from providers.keys import use_secret_block
 from schemas.arrow import DOCUMENTS_SCHEMA
 from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig, load_config
 from schemas.errors import ConfigError
+from tasks import uncommitted
 from tasks.artifacts import is_remote, join, read_artifact, use_storage_options
 from tasks.batch import (
     IndexPlan,
@@ -205,7 +207,9 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
             start = time.perf_counter()
             warm_quality()
             totals["seconds"]["import gx"] = time.perf_counter() - start
-        with make_task_runner(execution) as runner, \
+        # Batches in this process take what earlier ones sent to the models before the writer commits it.
+        shared = uncommitted.sharing() if execution.task_runner == "thread" else contextlib.nullcontext()
+        with shared, make_task_runner(execution) as runner, \
                 stage_progress("batches", sum(len(b) for b in batches)) as advance:
             try:  # the Dask client connects on the first submission
                 futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": extraction,

@@ -23,10 +23,11 @@ from schemas.arrow import (
     embedded_chunks_schema,
 )
 from schemas.config import EmbeddingConfig, EnrichmentConfig, PricingConfig
+from tasks import uncommitted
 from tasks.artifacts import read_artifact, report_batch_job, write_artifact
 from tasks.progress import stage_progress
 from tasks.stage import stage
-from tasks.store import connect, open_table, select_one_per_key
+from tasks.store import connect, open_table
 
 
 def embedding_inputs(enriched: pa.Table, delimiter: str) -> list[str]:
@@ -156,7 +157,7 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
         titles = [title_of.get(d) or "" for d in enriched["doc_id"].to_pylist()]
     table = open_table(connect(store_uri), chunks_table)
     keys = [embed_key(t, spec.fingerprint, title) for t, title in zip(inputs, titles)]
-    cached = select_one_per_key(table, "embed_key", keys, ["embed_key", "truncated", "vector"], schema)
+    cached = uncommitted.lookup(table, "embed", "embed_key", keys, ["embed_key", "truncated", "vector"], schema)
     embedder = _ModelClock(make_embedder(cfg))
     batch_call = None
     run_batch = getattr(embedder, "embed_batch", None)
@@ -171,5 +172,7 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
     made = sum(embedded["embedded_now"].to_pylist())
     get_run_logger().info("embedded %d of %d chunks (%d reused, %d truncated by the model)", made,
                           embedded.num_rows, embedded.num_rows - made, sum(embedded["truncated"].to_pylist()))
-    return {"path": write_artifact(embedded, run_dir, "embedded_chunks", schema),
-            "usage": embedding_usage(embedder.inner, embedded, inputs, cfg, pricing), "model_seconds": embedder.seconds}
+    path = write_artifact(embedded, run_dir, "embedded_chunks", schema)
+    uncommitted.remember("embed", embedded.filter(embedded["embedded_now"])["embed_key"].to_pylist(), path)
+    return {"path": path, "usage": embedding_usage(embedder.inner, embedded, inputs, cfg, pricing),
+            "model_seconds": embedder.seconds}

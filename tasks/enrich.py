@@ -22,10 +22,11 @@ from schemas.arrow import (
     EXTRACTED_SCHEMA,
 )
 from schemas.config import EnrichmentConfig, PricingConfig
+from tasks import uncommitted
 from tasks.artifacts import read_artifact, report_batch_job, write_artifact
 from tasks.progress import stage_progress
 from tasks.stage import stage
-from tasks.store import connect, open_table, select_one_per_key
+from tasks.store import connect, open_table
 
 
 def enrich_key(item: EnrichInput, fingerprint: str, document: str | None = None) -> str:
@@ -172,7 +173,8 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
     if enricher is not None and items:
         keys = [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, documents)]
         table = open_table(connect(store_uri), chunks_table)
-        found = select_one_per_key(table, "enrich_key", keys, ["enrich_key", "enrichment"], ENRICHED_CHUNKS_SCHEMA)
+        found = uncommitted.lookup(table, "enrich", "enrich_key", keys, ["enrich_key", "enrichment"],
+                                   ENRICHED_CHUNKS_SCHEMA)
         cached = dict(zip(found["enrich_key"].to_pylist(), found["enrichment"].to_pylist()))
     before = replace(getattr(enricher, "usage", Usage()))
     batch_call = None
@@ -190,4 +192,6 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
     failed = failed_enrichments(enriched)
     get_run_logger().info("enriched %d of %d chunks (%d reused, %d failed and marked for the next run)", made,
                           chunks.num_rows, chunks.num_rows - made - failed, failed)
-    return {"path": write_artifact(enriched, run_dir, "enriched_chunks", ENRICHED_CHUNKS_SCHEMA), "usage": usage}
+    path = write_artifact(enriched, run_dir, "enriched_chunks", ENRICHED_CHUNKS_SCHEMA)
+    uncommitted.remember("enrich", enriched.filter(enriched["enriched_now"])["enrich_key"].to_pylist(), path)
+    return {"path": path, "usage": usage}

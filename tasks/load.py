@@ -25,6 +25,7 @@ from schemas.arrow import (
     embedded_chunks_schema,
 )
 from schemas.errors import EmbedderMismatchError
+from tasks import uncommitted
 from tasks.artifacts import read_artifact
 from tasks.enrich import failed_mask
 from tasks.failpoints import failpoint
@@ -429,6 +430,7 @@ class Writer:
         start = time.perf_counter()
         done = upsert_stage(self._store, self._documents, [b["extracted"] for b in self._pending],
                             [b["embedded"] for b in self._pending], last=last, **self._args)
+        uncommitted.forget(b["embedded"].rsplit("/", 1)[0] for b in self._pending)
         self._pending = []
         self._committed = True
         for name in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written", "docs_quarantined"):

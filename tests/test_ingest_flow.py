@@ -227,3 +227,19 @@ def test_a_later_run_in_the_same_process_reuses_the_extraction_workers(corpus, w
     second = ingest(config_path=str(write_config(corpus, name="other.yaml", store="other")))
     assert second["docs_new"] == 5 and second["docs_quarantined"] == 0
     assert tasks.extract._POOLS == started, "the second run used the same workers"
+
+
+def test_a_text_met_again_in_a_later_batch_before_any_commit_is_embedded_once(tmp_path, write_config, embedded_texts):
+    # Three copies of one page, one batch each, committed together at the end: the later batches take the
+    # vectors the first one embedded from its artifact instead of asking the model again.
+    folder = tmp_path / "copies"
+    folder.mkdir()
+    page = (Path(__file__).resolve().parent.parent / "data" / "sample" / GUIDE).read_text()
+    for name in ("a.md", "b.md", "c.md"):
+        (folder / name).write_text(page)
+    config = write_config(folder, execution={"batch_docs": 1, "workers": 1, "commit_rows": 1_000_000})
+    summary = ingest(config_path=str(config))
+    assert summary["docs_new"] == 3 and summary["docs_quarantined"] == 0
+    chunks = _tables(config)[1]
+    assert len(chunks) == 3 * len({c["text"] for c in chunks}) > 3
+    assert len(embedded_texts) == len(set(embedded_texts)) == summary["texts_embedded"] == len(chunks) // 3
