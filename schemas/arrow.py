@@ -184,7 +184,8 @@ RUNS_SCHEMA = pa.schema([
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Select and cast table to schema, naming what is missing or mistyped."""
-    missing = [n for n in schema.names if n not in table.column_names]
+    have = set(table.column_names)  # a list built anew on each access
+    missing = [n for n in schema.names if n not in have]
     if missing:
         msg = f"table lacks columns {missing}; has {table.column_names}"
         raise DataContractError(msg)

@@ -33,6 +33,9 @@ from tasks.store import use_store_options
 from tasks.variants import extraction_todo_stage, for_variant_stage
 
 _WORK = pa.array(["new", "changed"])
+# The stages a batch runs as nested task runs (the flow module makes their tasks at its import).
+STAGES = (extract_stage, extraction_todo_stage, for_variant_stage, chunk_stage, refresh_stage, enrich_stage,
+          embed_stage, validate_stage)
 # One batch at a time talks to the models in a process: a batch's usage is then exactly its own, and the
 # provider's quota and in-flight bound are shared, not multiplied by the batches running beside it.
 _MODELS = threading.Lock()
