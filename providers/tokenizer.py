@@ -46,15 +46,23 @@ def decode(tokens: list[int]) -> str:
 
 @functools.cache
 def _token_bytes() -> np.ndarray:
-    """Byte length of every token id (special tokens included), for offsets without decoding."""
+    """Byte length of every token id (special tokens included), for offsets without decoding.
+
+    Read from the encoding's rank table in one pass (~8 ms); asking tiktoken token by token took ~70-90 ms,
+    which the first chunk of a small run paid on its own path.
+    """
     enc = encoding()
-    lengths = np.zeros(enc.n_vocab, dtype=np.int64)
-    for token in range(enc.n_vocab):
-        try:
-            lengths[token] = len(enc.decode_single_token_bytes(token))
-        except KeyError:  # an id cl100k leaves unused
-            continue
+    lengths = np.zeros(enc.n_vocab, dtype=np.int64)  # an id cl100k leaves unused keeps 0
+    ranks = enc._mergeable_ranks
+    lengths[np.fromiter(ranks.values(), np.int64, len(ranks))] = np.fromiter(map(len, ranks), np.int64, len(ranks))
+    for text, token in enc._special_tokens.items():
+        lengths[token] = len(text.encode())
     return lengths
+
+
+def warm() -> None:
+    """Load what token counting and cutting use (the encoding, the token byte lengths), once per process."""
+    _token_bytes()
 
 
 def token_offsets(text: str) -> tuple[list[int], list[int]]:

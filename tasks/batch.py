@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from providers import tokenizer
 from providers.embedders import embedder_spec
-from providers.tokenizer import encoding
 from schemas.arrow import DOCUMENTS_SCHEMA, REFRESH_ENRICHMENT, embedded_chunks_schema
 from schemas.config import ExtractionConfig, InletConfig
 from tasks.artifacts import join, read_artifact, use_storage_options, write_artifact
@@ -119,7 +119,7 @@ def warm_up() -> threading.Thread:
     """
     def load() -> None:
         try:
-            encoding()
+            tokenizer.warm()
             language_identifier()
         except Exception:  # noqa: BLE001, S110 - a stage that needs what failed to load loads it again and says why
             pass

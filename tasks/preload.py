@@ -4,9 +4,9 @@ Workers forked from it start in milliseconds, sharing these pages with each othe
 chunking code, the cl100k tokenizer and the language identifier (~1 s together, paid once per run).
 """
 
-from providers.tokenizer import encoding
+from providers import tokenizer
 from tasks import chunk, extract  # noqa: F401
 from tasks.metadata import language_identifier
 
-encoding()
+tokenizer.warm()
 language_identifier()

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
 
-from providers.tokenizer import RANK_FILE, count_tokens, verify_rank_file
+from providers.tokenizer import (
+    RANK_FILE,
+    _token_bytes,
+    count_tokens,
+    encoding,
+    token_offsets,
+    verify_rank_file,
+)
 
 
 def test_shipped_rank_file_matches_published_sha256():
@@ -31,3 +39,23 @@ def test_default_points_at_package_data():
     env = {k: v for k, v in os.environ.items() if k != "TIKTOKEN_CACHE_DIR"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(RANK_FILE.parent)
+
+
+def test_token_byte_lengths_from_the_rank_table_match_decoding_every_id():
+    enc = encoding()
+    lengths = _token_bytes()
+    for token in range(enc.n_vocab):
+        try:
+            expected = len(enc.decode_single_token_bytes(token))
+        except KeyError:  # an id cl100k leaves unused
+            expected = 0
+        assert lengths[token] == expected, token
+
+
+def test_token_offsets_cut_text_where_its_tokens_begin():
+    text = "Grüße, 世界! <|endoftext|> tokens"
+    tokens, edges = token_offsets(text)
+    assert edges[-1] == len(text) and len(edges) == len(tokens) + 1
+    # Every token starts at or after the one before, and the pieces between edges cover the text exactly.
+    assert edges == sorted(edges) and "".join(text[a:b] for a, b in itertools.pairwise(edges)) == text[edges[0]:]
+    assert edges[0] == 0
