@@ -75,20 +75,48 @@ def _uint_array(values: np.ndarray) -> array:
     return out
 
 
+def _automaton_depth(nextmove: np.ndarray, rowbase: np.ndarray) -> int:
+    """Longest path from the start state to any state of py3langid's byte automaton (its longest n-gram prefix).
+
+    The automaton is Aho-Corasick's: a state stands for the longest suffix of the input read so far that
+    begins a feature, so it depends only on the last `depth` bytes. A breadth-first walk finds the depth.
+    """
+    seen = np.zeros(len(rowbase), dtype=bool)
+    seen[0] = True
+    frontier, depth, byte = np.array([0]), 0, np.arange(256)
+    while True:
+        reached = np.zeros(len(rowbase), dtype=bool)
+        reached[nextmove[(rowbase[frontier][:, None] + byte).ravel()]] = True
+        frontier = np.flatnonzero(reached & ~seen)
+        if not len(frontier):
+            return depth
+        seen[frontier] = True
+        depth += 1
+
+
 def _unpacked_model() -> Path:
     """py3langid's model as a plain .npz beside Inlet's other models, unpacked from its LZMA file once per machine.
 
-    Unpacking takes ~0.45 s, paid by every process that detects a language; reading the plain file ~20 ms.
+    Unpacking (and finding the automaton's depth) takes ~1 s, paid once per machine; reading the plain file
+    ~20 ms.
     """
     from py3langid import __version__
     from py3langid.langid import MODEL_DIR, MODEL_FILE
 
-    path = model_cache_dir() / f"py3langid-{__version__}-{Path(MODEL_FILE).stem}.npz"
+    # "-v2": the file now also holds the automaton's depth (tasks/metadata.py); older unpacked files lack it.
+    path = model_cache_dir() / f"py3langid-{__version__}-{Path(MODEL_FILE).name.split('.')[0]}-v2.npz"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")
-        with lzma.open(MODEL_DIR / MODEL_FILE) as src, partial.open("wb") as dst:
+        raw = path.with_name(f"{path.stem}.{os.getpid()}.raw.npz")
+        partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npz")
+        with lzma.open(MODEL_DIR / MODEL_FILE) as src, raw.open("wb") as dst:
             shutil.copyfileobj(src, dst, length=1 << 20)
+        with np.load(raw, allow_pickle=False) as unpacked:
+            arrays = {name: unpacked[name] for name in unpacked.files}
+        raw.unlink()
+        rowbase = arrays["nextmove_row"].astype(np.int64) << 8
+        arrays["depth"] = np.array(_automaton_depth(arrays["nextmove"], rowbase))
+        np.savez(partial, **arrays)
         partial.replace(path)  # atomic: a concurrent process reads the old state or the whole file
     return path
 
@@ -109,9 +137,43 @@ def language_identifier() -> object:
 def _load_language_model() -> object:
     from py3langid.langid import LanguageIdentifier
 
+    class Identifier(LanguageIdentifier):
+        """py3langid's identifier with its byte automaton run in NumPy: the same scores, half the time.
+
+        py3langid steps through a text's bytes in Python. A state depends only on the last `depth` bytes,
+        so every position's state is reached by `depth` array steps from the start state instead; the
+        features then count in the order they first occur, as py3langid's Counter does, so the sums (and
+        the floating-point results) are exactly its own.
+        """
+
+        __slots__ = ("_depth", "_np_nextmove", "_np_output", "_np_rowbase")
+
+        def __init__(self, *args: object, depth: int, nextmove: np.ndarray, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)
+            self._depth = depth
+            self._np_nextmove = nextmove
+            self._np_rowbase = np.asarray(self.tk_row, dtype=np.int32) << 8
+            self._np_output = np.asarray(self.tk_output, dtype=np.int32)
+
+        def _raw_score(self, text: bytes) -> np.ndarray:
+            raw = np.frombuffer(text, dtype=np.uint8)
+            n, nextmove, rowbase = len(raw), self._np_nextmove, self._np_rowbase
+            state = np.zeros(n, dtype=np.int32)
+            for back in range(min(self._depth, n) - 1, 0, -1):  # position i reads byte i - back, from the start state
+                state[back:] = nextmove[rowbase[state[back:]] + raw[: n - back]]
+            features = self._np_output[nextmove[rowbase[state] + raw]]
+            features = features[features >= 0]
+            if not len(features):
+                return super()._raw_score(text)  # py3langid's own answer for featureless text
+            ids, first, counts = np.unique(features, return_index=True, return_counts=True)
+            order = np.argsort(first, kind="stable")
+            return np.log1p(counts[order].astype(np.float32)) @ self.nb_ptc[ids[order].astype(np.intp)] + self.nb_pc
+
     with np.load(_unpacked_model(), allow_pickle=False) as data:
-        return LanguageIdentifier(data["ptc"], data["pc"], data["classes"].tolist(), _uint_array(data["nextmove"]),
-                                  data["out_feat"].tolist(), norm_probs=True, tk_row=_uint_array(data["nextmove_row"]))
+        nextmove = data["nextmove"]  # py3langid's own walk (featureless text only) indexes it too
+        return Identifier(data["ptc"], data["pc"], data["classes"].tolist(), nextmove, data["out_feat"].tolist(),
+                          norm_probs=True, tk_row=_uint_array(data["nextmove_row"]), depth=int(data["depth"]),
+                          nextmove=nextmove)
 
 
 _FENCED = re.compile(r"```.*?```", re.DOTALL)

@@ -115,6 +115,23 @@ def test_the_unpacked_language_model_scores_exactly_as_py3langids_own_loader(tmp
         assert ours.classify(text) == reference.classify(text)
 
 
+def test_the_numpy_automaton_scores_real_pages_exactly_as_py3langids_own_walk(shared_corpora):
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    from tasks import metadata
+
+    ours = metadata.language_identifier()
+    reference = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    pages = sorted((shared_corpora / "markdown").rglob("*.md"))[:300] + sorted((shared_corpora / "html").rglob("*.htm*"))
+    texts = [t for p in pages for text in [p.read_text(encoding="utf-8", errors="replace")]
+             for t in (_prose(text, 2000)[:2000], text[:40], text[:4])]
+    # Shorter than the automaton's depth, featureless, control bytes, other scripts.
+    texts += ["", "a", "ab", "!!!! ???? ....", "12345", "\x00\x01", "日本語のテキストです", "Ελληνικά κείμενα εδώ"]
+    assert len(texts) > 900
+    for text in texts:
+        assert ours.classify(text) == reference.classify(text), text[:80]  # language and confidence, to the bit
+
+
 def _blanked(markdown: str) -> str:
     return re.sub(r"```.*?```", " ", markdown, flags=re.DOTALL)
 
