@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import string
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -49,11 +50,12 @@ class Section:
 
 @dataclass(frozen=True)
 class Piece:
-    """One chunk before ids are assigned."""
+    """One chunk before ids are assigned (tokens: its cl100k count when packing knew it exactly)."""
 
     text: str
     path: tuple[str, ...]
     pages: tuple[int, ...]
+    tokens: int | None = None
 
 
 # --- Markdown text -> blocks ---------------------------------------------------------------
@@ -151,7 +153,7 @@ def merge_small_sections(sections: list[Section], max_tokens: int) -> list[Secti
     out: list[Section] = []
     sizes: list[int] = []
     for sec in sections:
-        size = count_tokens(_render(sec.blocks))
+        size = joined_tokens(sec.blocks)
         if out and len(sec.path) >= 2 and out[-1].path[:2] == sec.path[:2] and sizes[-1] + size <= max_tokens:
             out[-1] = Section(sec.path[:2], out[-1].blocks + sec.blocks)
             sizes[-1] += size
@@ -166,6 +168,65 @@ def merge_small_sections(sections: list[Section], max_tokens: int) -> list[Secti
 
 def _render(blocks: list[Block]) -> str:
     return "\n\n".join(b.text for b in blocks)
+
+
+_SEPARATOR = "\n\n"
+_ASCII_ALNUM = frozenset(string.ascii_letters + string.digits)
+_ASCII_PUNCT = frozenset(string.punctuation)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _separator_tokens(tail: str) -> int:
+    """Tokens the separator adds after a text whose last pre-tokenizer piece is tail ("" : a piece of its own)."""
+    return count_tokens(tail + _SEPARATOR) - (count_tokens(tail) if tail else 0)
+
+
+def _last_piece(text: str) -> str | None:
+    """The part of text's last cl100k piece that the separator can merge with: "" after a letter or digit,
+    the closing punctuation (with the space before it) after punctuation; None when that is not certain.
+
+    cl100k's pre-tokenizer cuts text into pieces and encodes each alone. A separator after an ASCII
+    letter or digit is a piece of its own; after a run of ASCII punctuation it joins that run's piece
+    (`.` and `.\n\n` are one token each). Anything else (whitespace, other scripts) is left to tiktoken.
+    """
+    last = text[-1:]
+    if last in _ASCII_ALNUM:
+        return ""
+    if last not in _ASCII_PUNCT:
+        return None
+    start = len(text.rstrip(string.punctuation))
+    before = text[start - 1 : start]
+    if before == " ":
+        return text[start - 1 :]  # the piece takes one space before the punctuation
+    if before and not (before in _ASCII_ALNUM or before in "\t\n\r\x0b\x0c"):
+        return None  # e.g. a non-ASCII symbol that the piece might take in too
+    return text[start:]
+
+
+def _starts_cleanly(text: str) -> bool:
+    """Tell whether nothing at the start of text can join the separator's piece (no line break in its leading space)."""
+    body = text.lstrip()
+    lead = text[: len(text) - len(body)]
+    return bool(body) and "\n" not in lead and "\r" not in lead
+
+
+def joined_tokens(blocks: list[Block]) -> int:
+    """Count the tokens of _render(blocks) exactly, from the blocks' own counts where the joins allow it.
+
+    Pieces never cross a join whose left side ends in an ASCII letter, digit or punctuation and whose
+    right side does not begin with a line break, so the whole counts as its parts plus what each
+    separator adds (tests/test_chunk.py checks this against tiktoken on the shared corpora). Otherwise
+    the rendered text is encoded.
+    """
+    total = 0
+    for i, block in enumerate(blocks):
+        if i:
+            tail = _last_piece(blocks[i - 1].text)
+            if tail is None or not _starts_cleanly(block.text):
+                return count_tokens(_render(blocks))
+            total += _separator_tokens(tail)
+        total += count_tokens(block.text)
+    return total
 
 
 def _pages(blocks: list[Block]) -> tuple[int, ...]:
@@ -200,9 +261,9 @@ def _split_big_block(block: Block, cfg: ChunkingConfig) -> list[Block]:
 
 def pack_section(section: Section, cfg: ChunkingConfig) -> list[Piece]:
     """Pack a section's blocks into pieces of at most max_tokens, with overlap between them."""
-    text = _render(section.blocks)
-    if count_tokens(text) <= cfg.max_tokens:
-        return [Piece(text, section.path, _pages(section.blocks))]
+    total = joined_tokens(section.blocks)
+    if total <= cfg.max_tokens:
+        return [Piece(_render(section.blocks), section.path, _pages(section.blocks), total)]
     pieces: list[Piece] = []
     current: list[Block] = []
     size = 0
@@ -213,7 +274,7 @@ def pack_section(section: Section, cfg: ChunkingConfig) -> list[Piece]:
         for part in parts:
             n = count_tokens(part.text)
             if current and size + sep + n > cfg.max_tokens:
-                pieces.append(Piece(_render(current), section.path, _pages(current)))
+                pieces.append(Piece(_render(current), section.path, _pages(current), joined_tokens(current)))
                 tail = _overlap_tail(current[-1], cfg.overlap_tokens)
                 # Carry the overlap only if it still leaves room for the next part.
                 keep = tail is not None and count_tokens(tail.text) + sep + n <= cfg.max_tokens
@@ -221,7 +282,7 @@ def pack_section(section: Section, cfg: ChunkingConfig) -> list[Piece]:
             current.append(part)
             size += (sep if size else 0) + n
     if current:
-        pieces.append(Piece(_render(current), section.path, _pages(current)))
+        pieces.append(Piece(_render(current), section.path, _pages(current), joined_tokens(current)))
     return pieces
 
 
@@ -288,7 +349,7 @@ def chunk_rows(doc_id: str, pieces: list[Piece]) -> list[dict]:
             "prev_chunk_id": ids[i - 1] if i > 0 else None,
             "next_chunk_id": ids[i + 1] if i + 1 < total else None,
             "heading_path": list(p.path), "text": p.text, "text_hash": digests[i],
-            "token_count": count_tokens(p.text),
+            "token_count": count_tokens(p.text) if p.tokens is None else p.tokens,
             "page_start": p.pages[0] if p.pages else None, "page_end": p.pages[-1] if p.pages else None,
         }
         for i, p in enumerate(pieces)

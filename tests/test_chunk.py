@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pyarrow as pa
 
 from providers.tokenizer import count_tokens
@@ -67,7 +69,7 @@ def test_positions_and_neighbour_links():
     assert [r["chunk_index"] for r in rows] == list(range(len(rows)))
     assert {r["total_chunks"] for r in rows} == {len(rows)}
     assert rows[0]["prev_chunk_id"] is None and rows[-1]["next_chunk_id"] is None
-    for a, b in zip(rows, rows[1:]):
+    for a, b in itertools.pairwise(rows):
         assert a["next_chunk_id"] == b["chunk_id"] and b["prev_chunk_id"] == a["chunk_id"]
 
 
@@ -93,7 +95,7 @@ def test_long_section_chunks_overlap():
     text = "# T\n\n" + "\n\n".join(sentences)
     rows = _chunks(text, max_tokens=80, overlap_tokens=20)
     assert len(rows) > 2
-    for a, b in zip(rows, rows[1:]):
+    for a, b in itertools.pairwise(rows):
         last_paragraph = a["text"].split("\n\n")[-1]
         assert b["text"].startswith(last_paragraph[-40:]) or last_paragraph in b["text"]
 
@@ -147,3 +149,52 @@ def test_windows_never_split_a_character():
         chunks = chunk_elements(pa.Table.from_pylist(rows), cfg).to_pylist()
         assert len(chunks) > 5
         assert not [c["text"] for c in chunks if "\ufffd" in c["text"]], strategy
+
+
+# --- counting a section from its blocks' counts ---------------------------------------------------
+
+_HOSTILE = ["a", "Z", "7", "é", "中", "ß", ".", ",", "'", "`", ")", "#", "-", "*", "«", "»", "…", "—", "。",
+            " ", "  ", "\t", "\n", "\r", "\u3000", "\xa0", "🙂", "'s", "'ll", "123", "4567"]
+
+
+def _random_block(rng) -> str:
+    return "".join(rng.choice(_HOSTILE) for _ in range(rng.randint(1, 12)))
+
+
+def test_a_section_counted_from_its_blocks_matches_tiktoken_on_hostile_joins():
+    import random
+
+    from tasks.chunk import Block, _render, joined_tokens
+
+    rng = random.Random(7)
+    for _ in range(4000):
+        blocks = [Block(_random_block(rng), "text") for _ in range(rng.randint(1, 4))]
+        assert joined_tokens(blocks) == count_tokens(_render(blocks)), [b.text for b in blocks]
+
+
+def test_a_section_counted_from_its_blocks_matches_tiktoken_on_every_real_section(shared_corpora):
+    from tasks.chunk import _render, joined_tokens, split_sections
+
+    files = [*sorted((shared_corpora / "markdown").rglob("*.md")), *sorted((shared_corpora / "text").rglob("*"))]
+    sections = 0
+    for path in files[:600]:
+        if not path.is_file():
+            continue
+        blocks = parse_markdown(path.read_text(encoding="utf-8", errors="replace"))
+        for pair in itertools.pairwise(blocks):  # every join, alone
+            assert joined_tokens(list(pair)) == count_tokens(_render(list(pair))), path
+        for section in split_sections(blocks, 3):
+            assert joined_tokens(section.blocks) == count_tokens(_render(section.blocks)), path
+            sections += 1
+    assert sections > 2000
+
+
+def test_stored_token_counts_are_each_chunks_own_count(shared_corpora):
+    files = sorted((shared_corpora / "markdown").rglob("*.md"))[:150]
+    rows = [{"doc_id": str(i), "element_index": 0, "kind": "markdown", "text": p.read_text(encoding="utf-8"),
+             "heading_level": None, "page": None} for i, p in enumerate(files)]
+    for cfg in (ChunkingConfig(max_tokens=512, overlap_tokens=64), ChunkingConfig(max_tokens=120, overlap_tokens=20,
+                                                                                   merge_small_sections=True)):
+        chunks = chunk_elements(pa.Table.from_pylist(rows), cfg).to_pylist()
+        assert len(chunks) > len(files)
+        assert all(c["token_count"] == count_tokens(c["text"]) for c in chunks)
