@@ -36,7 +36,7 @@ from tasks.cpu import close_cpu_pool, default_workers, start_cpu_pool, worth_a_p
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
 from tasks.failpoints import failpoint
-from tasks.load import Writer, publish_stage, upsert_stage
+from tasks.load import Writer, fulltext_stage, publish_stage, upsert_stage
 from tasks.memory import release_memory, use_lean_allocators
 from tasks.progress import stage_progress
 from tasks.quality import warm as warm_quality
@@ -52,7 +52,7 @@ from tasks.store import (
 
 # Import-time work that the first run's body paid before: Prefect's task engine and the stages' tasks, and
 # the system's MIME table that the crawl reads (6 ms). A process serving the flow pays them once.
-prepare(crawl_stage, detect_stage, report_stage, upsert_stage, publish_stage, *STAGES)
+prepare(crawl_stage, detect_stage, report_stage, upsert_stage, fulltext_stage, publish_stage, *STAGES)
 mimetypes.init()
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
@@ -156,7 +156,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         writers = [Writer(store, documents, commit_rows=cfg.execution.commit_rows,
                           chunks_table=plan.cfg.store.chunks_table, documents_table=plan.cfg.store.documents_table,
                           dim=embedder_spec(plan.cfg.embedding).dim, settings_fp=settings_fp, run_id=run_id,
-                          now=started) for plan, (settings_fp, documents) in zip(plans, detected)]
+                          now=started, batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index)
+                   for plan, (settings_fp, documents) in zip(plans, detected)]
         storage = {s.name: s.storage_options for s in cfg.sources if s.uri is not None}
         # Web pages are fetched into the artifact folder: workers read them back with its options.
         storage |= {s.name: cfg.store.artifacts_options for s in cfg.sources if s.kind == "web"}
