@@ -243,3 +243,22 @@ def test_a_text_met_again_in_a_later_batch_before_any_commit_is_embedded_once(tm
     chunks = _tables(config)[1]
     assert len(chunks) == 3 * len({c["text"] for c in chunks}) > 3
     assert len(embedded_texts) == len(set(embedded_texts)) == summary["texts_embedded"] == len(chunks) // 3
+
+
+def test_a_one_group_run_commits_and_indexes_before_its_last_batch_and_still_finds_it(tmp_path, write_config):
+    # Five pages, two a batch, one commit group: the writer commits the first two batches and builds the
+    # full-text index while the third runs; the third's row is then found without the index.
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    words = ["quokka", "narwhal", "axolotl", "pangolin", "okapi"]
+    for i, word in enumerate(words):
+        (folder / f"{i}.md").write_text(f"# Page {i}\n\nThis page is about the {word} and nothing else.\n")
+    config = write_config(folder, execution={"batch_docs": 2, "workers": 1, "commit_rows": 1_000_000})
+    summary = ingest(config_path=str(config))
+    assert summary["docs_new"] == 5 and summary["chunks_written"] == 5
+    assert "index" in summary["stage_seconds"], "the index was built before the last batch was committed"
+    assert summary["indexes"]["fulltext"] == {"indexed": 4, "unindexed": 1}
+    table = lancedb.connect(str(load_config(config).store.uri)).open_table("chunks")
+    assert len(table.list_versions()) <= 6, "a handful of versions, not one per batch"
+    for i, word in enumerate(words):
+        assert search(word, k=1, mode="fulltext", config=config)[0].doc_id == f"sample:{i}.md", word
