@@ -53,6 +53,7 @@ def _token_bytes() -> np.ndarray:
     """
     enc = encoding()
     lengths = np.zeros(enc.n_vocab, dtype=np.int64)  # an id cl100k leaves unused keeps 0
+    # tiktoken's own rank table (private): tests/test_tokenizer.py checks every id against decoding it.
     ranks = enc._mergeable_ranks
     lengths[np.fromiter(ranks.values(), np.int64, len(ranks))] = np.fromiter(map(len, ranks), np.int64, len(ranks))
     for text, token in enc._special_tokens.items():

@@ -109,11 +109,13 @@ def _unpacked_model() -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         raw = path.with_name(f"{path.stem}.{os.getpid()}.raw.npz")
         partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npz")
-        with lzma.open(MODEL_DIR / MODEL_FILE) as src, raw.open("wb") as dst:
-            shutil.copyfileobj(src, dst, length=1 << 20)
-        with np.load(raw, allow_pickle=False) as unpacked:
-            arrays = {name: unpacked[name] for name in unpacked.files}
-        raw.unlink()
+        try:
+            with lzma.open(MODEL_DIR / MODEL_FILE) as src, raw.open("wb") as dst:
+                shutil.copyfileobj(src, dst, length=1 << 20)
+            with np.load(raw, allow_pickle=False) as unpacked:
+                arrays = {name: unpacked[name] for name in unpacked.files}
+        finally:
+            raw.unlink(missing_ok=True)  # ~40 MB: never left behind, whatever failed
         rowbase = arrays["nextmove_row"].astype(np.int64) << 8
         arrays["depth"] = np.array(_automaton_depth(arrays["nextmove"], rowbase))
         np.savez(partial, **arrays)
@@ -146,18 +148,17 @@ def _load_language_model() -> object:
         the floating-point results) are exactly its own.
         """
 
-        __slots__ = ("_depth", "_np_nextmove", "_np_output", "_np_rowbase")
+        __slots__ = ("_depth", "_np_output", "_np_rowbase")
 
-        def __init__(self, *args: object, depth: int, nextmove: np.ndarray, **kwargs: object) -> None:
+        def __init__(self, *args: object, depth: int, **kwargs: object) -> None:
             super().__init__(*args, **kwargs)
             self._depth = depth
-            self._np_nextmove = nextmove
             self._np_rowbase = np.asarray(self.tk_row, dtype=np.int32) << 8
             self._np_output = np.asarray(self.tk_output, dtype=np.int32)
 
         def _raw_score(self, text: bytes) -> np.ndarray:
             raw = np.frombuffer(text, dtype=np.uint8)
-            n, nextmove, rowbase = len(raw), self._np_nextmove, self._np_rowbase
+            n, nextmove, rowbase = len(raw), self.tk_nextmove, self._np_rowbase  # nextmove: a NumPy array here
             state = np.zeros(n, dtype=np.int32)
             for back in range(min(self._depth, n) - 1, 0, -1):  # position i reads byte i - back, from the start state
                 state[back:] = nextmove[rowbase[state[back:]] + raw[: n - back]]
@@ -170,10 +171,10 @@ def _load_language_model() -> object:
             return np.log1p(counts[order].astype(np.float32)) @ self.nb_ptc[ids[order].astype(np.intp)] + self.nb_pc
 
     with np.load(_unpacked_model(), allow_pickle=False) as data:
-        nextmove = data["nextmove"]  # py3langid's own walk (featureless text only) indexes it too
-        return Identifier(data["ptc"], data["pc"], data["classes"].tolist(), nextmove, data["out_feat"].tolist(),
-                          norm_probs=True, tk_row=_uint_array(data["nextmove_row"]), depth=int(data["depth"]),
-                          nextmove=nextmove)
+        # nextmove as a NumPy array: py3langid's own walk indexes it too, for featureless text only.
+        return Identifier(data["ptc"], data["pc"], data["classes"].tolist(), data["nextmove"],
+                          data["out_feat"].tolist(), norm_probs=True, tk_row=_uint_array(data["nextmove_row"]),
+                          depth=int(data["depth"]))
 
 
 _FENCED = re.compile(r"```.*?```", re.DOTALL)
