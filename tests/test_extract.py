@@ -220,5 +220,13 @@ def test_extraction_workers_outlive_a_run_and_are_replaced_for_another_config():
         other = shared_pool(ExtractionConfig(timeout_s=60))
         assert other is not pool and not pool._pool.active, "a pool for another config stops the old one"
         assert other.result(other.submit("r", report)).elements == first.elements
+        assert not other._pool.schedule(_torch_imported).result(), "the workers partition without torch"
     finally:
         close_pools()
+
+
+def _torch_imported() -> bool:
+    """Run in an extraction worker: tell whether torch was imported there."""
+    import sys
+
+    return sys.modules.get("torch") is not None
