@@ -9,10 +9,7 @@ happens: `quarantine` (the documents of the failing rows are quarantined with th
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
-import sys
 import threading
 import types
 from dataclasses import dataclass, field
@@ -24,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
 
+from providers.deferred import defer
 from schemas.arrow import (
     DOCUMENTS_SCHEMA,
     ELEMENTS_SCHEMA,
@@ -131,52 +129,16 @@ def scalar_view(table: pa.Table) -> pa.Table:
 _GX = threading.Lock()  # batches in threads share one context; a validation takes a few ms
 
 
-class _Deferred(types.ModuleType):
-    """Stands in sys.modules for a module that an import names but may never use; loads it when first used."""
-
-    _lock = threading.RLock()  # re-entrant: the module's own imports may ask for it while it loads
-
-    def __getattr__(self, attr: str) -> Any:
-        with _Deferred._lock:
-            if sys.modules.get(self.__name__) is self:
-                del sys.modules[self.__name__]
-                parent, _, child = self.__name__.rpartition(".")
-                if parent and getattr(sys.modules.get(parent), child, None) is self:
-                    delattr(sys.modules[parent], child)
-                self.__dict__.update(importlib.import_module(self.__name__).__dict__)
-        return getattr(sys.modules[self.__name__], attr)
-
-
 # GX imports these at its own import for one expectation (KL divergence) and its charts, which Inlet's
 # suites never use: ~0.7 of its ~1.9 s of imports. They load if anything uses them.
 _UNUSED_BY_OUR_SUITES = ("scipy.stats", "altair")
-
-
-def _defer(name: str) -> None:
-    """Put a _Deferred stand-in for name in sys.modules, unless it is already imported or not installed."""
-    if name in sys.modules:
-        return
-    try:
-        spec = importlib.util.find_spec(name)
-    except ImportError:  # its parent package is missing: then so is the module, and GX's import says so
-        return
-    if spec is None:
-        return
-    module = _Deferred(name)
-    module.__spec__, module.__file__ = spec, spec.origin
-    if spec.submodule_search_locations is not None:
-        module.__path__ = list(spec.submodule_search_locations)
-    sys.modules[name] = module
-    parent, _, child = name.rpartition(".")
-    if parent:
-        setattr(sys.modules[parent], child, module)
 
 
 @cache
 def _gx() -> types.ModuleType:
     """great_expectations, imported on first use: a run with no batch to validate (a no-op) never pays ~1.2 s."""
     for name in _UNUSED_BY_OUR_SUITES:
-        _defer(name)
+        defer(name)
     import great_expectations
 
     return great_expectations
