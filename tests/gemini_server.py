@@ -38,6 +38,7 @@ class Faults:
     """What the server gets wrong, and how often."""
 
     latency_s: float = 0.0
+    gate: threading.Event | None = None  # every answer waits until the test sets it (at most 300 s)
     p429: float = 0.0
     p500: float = 0.0
     p_malformed: float = 0.0
@@ -119,6 +120,8 @@ class _Handler(BaseHTTPRequestHandler):
             srv.served += 1
         if srv.faults.latency_s:
             time.sleep(srv.faults.latency_s)
+        if srv.faults.gate is not None:
+            srv.faults.gate.wait(timeout=300)
         if match is None:
             self._error(404, f"no route for {self.path}")
             return

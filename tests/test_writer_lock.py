@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,9 +58,10 @@ def test_a_killed_writer_leaves_no_lock_behind(tmp_path):
 
 
 def test_a_second_ingest_is_refused_while_the_first_is_writing(corpus, write_config, tmp_path, prefect_harness):
-    # The first ingest embeds through a slow Gemini-protocol server (10 s an answer), so it is still writing when the
-    # second has started up.
-    server = GeminiServer(Faults(latency_s=10.0)).start()
+    # The first ingest embeds through a Gemini-protocol server that holds every answer until the second ingest
+    # has been refused: the first is still writing then, however long the second takes to start.
+    gate = threading.Event()
+    server = GeminiServer(Faults(gate=gate)).start()
     try:
         config = write_config(corpus, embedding={"kind": "gemini", "dim": 32, "base_url": server.base_url})
         from prefect.settings import PREFECT_API_URL
@@ -70,6 +72,7 @@ def test_a_second_ingest_is_refused_while_the_first_is_writing(corpus, write_con
         first = subprocess.Popen(inlet, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         _wait_for(tmp_path / "store" / "lancedb" / WRITER_INFO, timeout=120)
         second = subprocess.run(inlet, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+        gate.set()
         assert second.returncode == 2, second.stderr[-2000:]
         assert "is being written by run-" in second.stderr and "wrote nothing" in second.stderr
         out, err = first.communicate(timeout=300)
@@ -79,6 +82,7 @@ def test_a_second_ingest_is_refused_while_the_first_is_writing(corpus, write_con
         third = subprocess.run(inlet, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
         assert third.returncode == 0 and "docs unchanged" in third.stdout, third.stderr[-2000:]
     finally:
+        gate.set()
         server.stop()
 
 
