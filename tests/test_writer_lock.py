@@ -63,7 +63,9 @@ def test_a_second_ingest_is_refused_while_the_first_is_writing(corpus, write_con
     gate = threading.Event()
     server = GeminiServer(Faults(gate=gate)).start()
     try:
-        config = write_config(corpus, embedding={"kind": "gemini", "dim": 32, "base_url": server.base_url})
+        # A held answer is not a time-out: the client waits as long as the gate may hold it.
+        config = write_config(corpus, embedding={"kind": "gemini", "dim": 32, "base_url": server.base_url,
+                                                 "timeout_s": 300})
         from prefect.settings import PREFECT_API_URL
 
         # Runs report to the session's Prefect server: no temporary server started and stopped per run.
