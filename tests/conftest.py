@@ -24,13 +24,25 @@ CORPORA = SHARED / "corpora"
 os.environ.setdefault("PREFECT_HOME", str(ROOT / ".prefect"))
 
 
+# The test server's services that turn every task run's events into rows and react to them. No test reads task
+# runs or events from this server (tests/test_real_server.py starts a server of its own with every service on),
+# and recording them was a third of the CPU of a run-heavy test file (py-spy on the server: the task-run recorder
+# and the event consumers), taken from the tests beside it on a 2-core machine.
+UNREAD_SERVICES = {"PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED": "false",
+                   "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
+                   "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false"}
+
+
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
     """One real, temporary Prefect API server for the whole session."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in UNREAD_SERVICES.items():
+            env.setenv(name, value)  # the server subprocess reads its settings from the environment
+        with prefect_test_harness(server_startup_timeout=120):
+            yield
 
 
 @pytest.fixture

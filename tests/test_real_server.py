@@ -17,6 +17,8 @@ from uuid import UUID
 import httpx
 import pytest
 
+from tests.conftest import UNREAD_SERVICES
+
 ROOT = Path(__file__).resolve().parent.parent
 PREFECT = [sys.executable, "-m", "prefect"]
 
@@ -31,7 +33,9 @@ def _free_port() -> int:
 def server(tmp_path: Path) -> Iterator[dict[str, str]]:
     """A Prefect server with its own database; yields the environment that points a process at it."""
     port = _free_port()
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_API_HOST": "127.0.0.1",
+    # Every service on, as a user's server has it: the session's test server turns some off (tests/conftest.py).
+    user_env = {k: v for k, v in os.environ.items() if k not in UNREAD_SERVICES}
+    env = {**user_env, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_API_HOST": "127.0.0.1",
            "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen([*PREFECT, "server", "start"], env=env, stdout=log, stderr=subprocess.STDOUT,
