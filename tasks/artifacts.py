@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,6 +50,23 @@ def write_bytes(folder: str | Path, name: str, data: bytes) -> str:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_bytes(data)
     return path
+
+
+def list_names(folder: str | Path) -> list[str]:
+    """Names of the files in a folder (a local path or a URI); none when it does not exist."""
+    if is_remote(folder):
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(str(folder))
+        fs.invalidate_cache(path)  # another worker may have written since this process last listed it
+        try:
+            return [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)]
+        except FileNotFoundError:
+            return []
+    try:
+        return os.listdir(folder)
+    except FileNotFoundError:
+        return []
 
 
 def write_artifact(table: pa.Table, run_dir: str | Path, name: str, schema: pa.Schema) -> str:

@@ -157,7 +157,8 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
         titles = [title_of.get(d) or "" for d in enriched["doc_id"].to_pylist()]
     table = open_table(connect(store_uri), chunks_table)
     keys = [embed_key(t, spec.fingerprint, title) for t, title in zip(inputs, titles)]
-    cached = uncommitted.lookup(table, "embed", "embed_key", keys, ["embed_key", "truncated", "vector"], schema)
+    cached = uncommitted.lookup(table, "embed", "embed_key", keys, ["embed_key", "truncated", "vector"], schema,
+                                run_dir)
     embedder = _ModelClock(make_embedder(cfg))
     batch_call = None
     run_batch = getattr(embedder, "embed_batch", None)

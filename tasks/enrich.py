@@ -174,7 +174,7 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
         keys = [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, documents)]
         table = open_table(connect(store_uri), chunks_table)
         found = uncommitted.lookup(table, "enrich", "enrich_key", keys, ["enrich_key", "enrichment"],
-                                   ENRICHED_CHUNKS_SCHEMA)
+                                   ENRICHED_CHUNKS_SCHEMA, run_dir)
         cached = dict(zip(found["enrich_key"].to_pylist(), found["enrichment"].to_pylist()))
     before = replace(getattr(enricher, "usage", Usage()))
     batch_call = None

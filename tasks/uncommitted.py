@@ -7,11 +7,17 @@ without this, 193,314 with it). While `sharing()` is on, each batch registers th
 artifact that holds their outputs, later batches read those outputs back from it, and the writer
 drops a batch's keys once it has committed them, so at most a commit group's keys are held.
 
-Only batches in the flow's own process (the thread runner) share: worker processes and Dask workers
-keep to the table. There, a batch's enrich and embed stages run under the process's model lock
-(tasks/batch.py), lookup and remember included, so no two batches can both miss a text and send it.
-A batch reuses what an earlier one embedded even if validation later quarantines that earlier document:
-the same text gives the same vector again, and the check quarantines this document too.
+In the flow's own process (the thread runner) the register is a dict, and a batch's enrich and embed
+stages run under the process's model lock (tasks/batch.py), lookup and remember included, so no two
+batches can both miss a text and send it. Batches in worker processes or on Dask workers share through
+the artifact folder instead: a batch that sent keys to a model leaves an empty marker file
+`<index>/uncommitted/<kind>.<batch>` once its artifact is written, the writer leaves
+`committed.<batch>` once it has committed that batch, and a later batch reads the artifacts of the
+batches marked done and not committed (one listing, then at most a commit group's artifacts). Two
+batches running at the same moment can there both send a text: a lock across machines would cost more
+than the rare duplicate. A batch reuses what an earlier one embedded even if validation later
+quarantines that earlier document: the same text gives the same vector again, and the check
+quarantines this document too.
 """
 
 from __future__ import annotations
@@ -24,12 +30,15 @@ import lancedb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.artifacts import read_artifact
+from tasks.artifacts import join, list_names, read_artifact, write_bytes
 from tasks.store import select_one_per_key
 
 _LOCK = threading.Lock()
 _SHARED: dict[str, dict[str, str]] | None = None  # kind ("embed", "enrich") -> {key: artifact path}
 _BY_PATH: dict[str, list[tuple[str, list[str]]]] = {}  # artifact path -> the (kind, keys) it was registered for
+MARKS = "uncommitted"  # beside an index's batches/ folder: the markers of batches in other processes
+ARTIFACTS = {"embed": "embedded_chunks.parquet", "enrich": "enriched_chunks.parquet"}  # what a kind's batch wrote
+MADE_NOW = {"embed": "embedded_now", "enrich": "enriched_now"}  # its rows that the batch sent to the model
 
 
 @contextmanager
@@ -47,56 +56,101 @@ def sharing() -> Iterator[None]:
             _BY_PATH.clear()
 
 
+def _batch_of(folder: str) -> tuple[str, str] | None:
+    """Split a batch folder (<index>/batches/<number>) into the index folder and the number; None for other folders."""
+    parts = str(folder).rstrip("/").rsplit("/", 2)
+    return (parts[0], parts[2]) if len(parts) == 3 and parts[1] == "batches" else None
+
+
 def remember(kind: str, keys: list[str], path: str) -> None:
     """Record that the artifact at path holds the outputs of keys; a key keeps its first artifact."""
+    if not keys:
+        return
     with _LOCK:
-        if _SHARED is not None and keys:
+        if _SHARED is not None:
             known = _SHARED.setdefault(kind, {})
             for key in keys:
                 known.setdefault(key, path)
             _BY_PATH.setdefault(path, []).append((kind, keys))
+            return
+    folder, name = path.rsplit("/", 1)
+    batch = _batch_of(folder)
+    if batch is not None and name == ARTIFACTS[kind]:  # written after the artifact: a reader finds it whole
+        write_bytes(join(batch[0], MARKS), f"{kind}.{batch[1]}", b"")
 
 
 def forget(folders: Iterable[str]) -> None:
     """Drop what the artifacts in these (batch) folders hold: committed, the table serves it now."""
     folders = set(folders)
     with _LOCK:
-        if _SHARED is None:
-            return
+        in_memory = _SHARED is not None
+    if not in_memory:  # batches of other processes read the markers
+        for index, number in filter(None, map(_batch_of, folders)):
+            write_bytes(join(index, MARKS), f"committed.{number}", b"")
+        return
+    with _LOCK:
         for path in [p for p in _BY_PATH if p.rsplit("/", 1)[0] in folders]:
             for kind, keys in _BY_PATH.pop(path):
-                known = _SHARED.get(kind, {})
+                known = _SHARED.get(kind, {}) if _SHARED is not None else {}
                 for key in keys:
                     if known.get(key) == path:
                         del known[key]
 
 
-def recall(kind: str, column: str, keys: Iterable[str], columns: list[str], schema: pa.Schema) -> pa.Table:
-    """One row per key that an earlier batch of this run registered, read from its artifact; empty otherwise."""
+def _marked(kind: str, folder: str | None) -> list[str]:
+    """The artifacts of kind that other batches of this folder's index marked done and the writer has not committed."""
+    batch = _batch_of(folder) if folder is not None else None
+    if batch is None:
+        return []
+    index, own = batch
+    names = list_names(join(index, MARKS))
+    committed = {n.split(".", 1)[1] for n in names if n.startswith("committed.")}
+    done = sorted(n.split(".", 1)[1] for n in names if n.startswith(f"{kind}."))
+    return [join(index, "batches", b, ARTIFACTS[kind]) for b in done if b != own and b not in committed]
+
+
+def recall(kind: str, column: str, keys: Iterable[str], columns: list[str], schema: pa.Schema,
+           folder: str | None = None) -> pa.Table:
+    """One row per key that an earlier batch of this run registered, read from its artifact; empty otherwise.
+
+    folder is the asking batch's own: outside the flow's process, the markers beside it say where to look.
+    """
     wanted = pa.schema([schema.field(c) for c in columns])
+    keys = set(keys)
     with _LOCK:
-        known = {} if _SHARED is None else _SHARED.get(kind, {})
-        by_path: dict[str, list[str]] = {}
-        for key in set(keys):
+        in_memory = _SHARED is not None
+        known = _SHARED.get(kind, {}) if in_memory else {}
+        by_path: dict[str, list[str] | None] = {}
+        for key in keys:
             if key in known:
                 by_path.setdefault(known[key], []).append(key)
+    if not in_memory:  # another process's batches: any marked artifact may hold any of the keys
+        by_path = dict.fromkeys(_marked(kind, folder))
     parts = []
     for path, found in by_path.items():
-        rows = read_artifact(path, schema).select(columns)
-        rows = rows.filter(pc.is_in(rows[column], pa.array(found, pa.string())))
+        rows = read_artifact(path, schema)
+        if found is None:  # as registered in memory: only what that batch sent to the model
+            rows = rows.filter(rows[MADE_NOW[kind]])
+        rows = rows.select(columns)
+        rows = rows.filter(pc.is_in(rows[column], pa.array(sorted(keys if found is None else found), pa.string())))
+        if not rows.num_rows:
+            continue
         first: dict[str, int] = {}
         for i, key in enumerate(rows[column].to_pylist()):
             first.setdefault(key, i)  # a text repeated inside one batch has as many rows
         parts.append(rows.take(list(first.values())))
+        keys -= first.keys()  # the next artifact is asked only for what is still missing
+        if not keys:
+            break
     return pa.concat_tables(parts) if parts else wanted.empty_table()
 
 
 def lookup(table: lancedb.table.Table | None, kind: str, column: str, keys: list[str], columns: list[str],
-           schema: pa.Schema) -> pa.Table:
-    """One row per key: from the committed table, else from this run's uncommitted artifacts."""
+           schema: pa.Schema, folder: str | None = None) -> pa.Table:
+    """One row per key: from the committed table, else from this run's uncommitted artifacts (folder: the batch's)."""
     stored = select_one_per_key(table, column, keys, columns, schema)
     missing = set(keys) - set(stored[column].to_pylist())
     if not missing:
         return stored
-    borrowed = recall(kind, column, missing, columns, schema)
+    borrowed = recall(kind, column, missing, columns, schema, folder)
     return pa.concat_tables([stored, borrowed]) if borrowed.num_rows else stored

@@ -133,6 +133,26 @@ def dask_cluster(tmp_path):
         log.close()
 
 
+def test_a_worker_process_batch_borrows_what_an_earlier_uncommitted_batch_embedded(tmp_path, write_config):
+    # Six copies of one guide, each with a last line of its own: three batches sharing all but a few texts. The
+    # writer holds the first two batches for one commit, so the second can only borrow from the first's artifacts.
+    corpus = tmp_path / "md"
+    corpus.mkdir()
+    for n in range(6):
+        text = (SAMPLE / "guides" / "boat-maintenance.md").read_text()
+        (corpus / f"guide-{n}.md").write_text(text + f"\nCopy {n} of the guide, kept in locker {n}.\n")
+    # One worker: the second batch starts after the first has finished, before anything is committed.
+    config = write_config(corpus, name="process.yaml", store="process",
+                          execution={"batch_docs": 2, "workers": 1, "task_runner": "process"})
+    summary = ingest(config_path=str(config))
+    keys = lancedb.connect(str(load_config(config).store.uri)).open_table("chunks").to_arrow()["embed_key"]
+    assert summary["texts_embedded"] == len(set(keys.to_pylist())), "each distinct text sent to the model once"
+    run = Path(load_config(config).store.artifacts) / summary["run_id"]
+    assert summary["texts_enriched"] == summary["texts_embedded"], "and to the enricher once"
+    assert sorted(p.name for p in (run / "uncommitted").iterdir()) == [
+        *(f"{kind}.0000{n}" for kind in ("committed", "embed", "enrich") for n in range(3))]
+
+
 def test_batches_run_on_an_existing_dask_cluster_given_by_address(sample_reference, tmp_path, dask_cluster):
     corpus, expected = sample_reference
     remote = _dask_config(tmp_path, corpus, {"dask_address": dask_cluster})

@@ -7,17 +7,19 @@ import pyarrow as pa
 
 from schemas.arrow import embedded_chunks_schema
 from tasks import uncommitted
-from tasks.artifacts import write_artifact
+from tasks.artifacts import use_storage_options, write_artifact
+from tests.conftest import bucket_store
 
 SCHEMA = embedded_chunks_schema(2)
 COLUMNS = ["embed_key", "truncated", "vector"]
 
 
-def _embedded(folder, keys: list[str]) -> str:
+def _embedded(folder, keys: list[str], reused: tuple[str, ...] = ()) -> str:
     base = {f.name: None for f in SCHEMA}
     rows = [{**base, "chunk_id": f"c{i}", "doc_id": "d", "chunk_index": i, "total_chunks": len(keys), "text": "t",
              "text_hash": "h", "token_count": 1, "enriched_now": False, "embed_key": k, "embedder": "e",
-             "embedded_now": True, "truncated": False, "vector": [float(i), 1.0]} for i, k in enumerate(keys)]
+             "embedded_now": k not in reused, "truncated": False, "vector": [float(i), 1.0]}
+            for i, k in enumerate(keys)]
     return write_artifact(pa.Table.from_pylist(rows, schema=SCHEMA), str(folder), "embedded_chunks", SCHEMA)
 
 
@@ -42,3 +44,41 @@ def test_nothing_is_shared_outside_a_run_or_after_it(tmp_path):
         uncommitted.remember("embed", ["k1"], path)
         assert uncommitted.recall("embed", "embed_key", {"k1"}, COLUMNS, SCHEMA).num_rows == 1
     assert uncommitted.recall("embed", "embed_key", {"k1"}, COLUMNS, SCHEMA).num_rows == 0
+
+
+def _recall(keys: set[str], folder) -> list[str]:
+    got = uncommitted.recall("embed", "embed_key", keys, COLUMNS, SCHEMA, str(folder))
+    return sorted(got["embed_key"].to_pylist())
+
+
+def test_batches_in_other_processes_share_through_markers_until_the_writer_commits(tmp_path):
+    # No sharing() block: as in a worker process of the process or Dask runner.
+    batches = tmp_path / "run" / "batches"
+    first = _embedded(batches / "00000", ["k1", "k2", "k1", "k4"], reused=("k4",))
+    assert _recall({"k1"}, batches / "00001") == [], "no marker yet: the artifact may still be being written"
+    uncommitted.remember("embed", ["k1", "k2"], first)
+    assert (tmp_path / "run" / "uncommitted" / "embed.00000").is_file()
+    got = uncommitted.recall("embed", "embed_key", {"k1", "k3"}, COLUMNS, SCHEMA, str(batches / "00001"))
+    assert got["embed_key"].to_pylist() == ["k1"] and np.allclose(got["vector"].to_pylist()[0], [0.0, 1.0])
+    assert _recall({"k4"}, batches / "00001") == [], "a row the batch reused is not what it sent to the model"
+    assert _recall({"k1"}, batches / "00000") == [], "a batch does not borrow from itself"
+    second = _embedded(batches / "00001", ["k2", "k5"])
+    uncommitted.remember("embed", ["k5"], second)
+    assert _recall({"k1", "k2", "k5"}, batches / "00002") == ["k1", "k2", "k5"]
+    uncommitted.forget([str(batches / "00000")])  # the writer committed batch 0: the table serves it now
+    assert _recall({"k1", "k2", "k5"}, batches / "00002") == ["k2", "k5"]
+    assert _recall({"k1"}, tmp_path / "elsewhere") == [], "a folder outside a run's batches shares nothing"
+
+
+def test_markers_in_a_bucket_are_seen_by_a_batch_in_another_process(s3):
+    endpoint, client, _ = s3
+    client.create_bucket(Bucket="runs")
+    store = bucket_store(endpoint, "runs")
+    use_storage_options(store["artifacts"], store["artifacts_options"])
+    batches = f"{store['artifacts']}/run-1/batches"
+    first = _embedded(f"{batches}/00000", ["k1", "k2"])
+    assert _recall({"k1"}, f"{batches}/00001") == []  # listed once while empty: the next listing must not be stale
+    uncommitted.remember("embed", ["k1", "k2"], first)
+    assert _recall({"k1", "k3"}, f"{batches}/00001") == ["k1"]
+    uncommitted.forget([f"{batches}/00000"])
+    assert _recall({"k1"}, f"{batches}/00001") == []
