@@ -70,7 +70,10 @@ def test_batches_in_other_processes_share_through_markers_until_the_writer_commi
     assert _recall({"k1"}, tmp_path / "elsewhere") == [], "a folder outside a run's batches shares nothing"
 
 
-def test_markers_in_a_bucket_are_seen_by_a_batch_in_another_process(s3):
+def test_markers_in_a_bucket_are_seen_by_a_batch_in_another_process(s3, monkeypatch):
+    import fsspec.config
+
+    monkeypatch.setattr(fsspec.config, "conf", {})  # this test's endpoint does not outlive its server
     endpoint, client, _ = s3
     client.create_bucket(Bucket="runs")
     store = bucket_store(endpoint, "runs")
