@@ -28,6 +28,20 @@ def join(base: str | Path, *parts: str) -> str:
     return str(Path(base, *parts))
 
 
+BATCHES = "batches"  # an index's run folder holds one folder per batch under this name
+
+
+def batch_dir(index_dir: str, number: int) -> str:
+    """Return the folder of one batch's artifacts for one index."""
+    return join(index_dir, BATCHES, f"{number:05d}")
+
+
+def split_batch_dir(folder: str) -> tuple[str, int] | None:
+    """Return (index folder, batch number) of a folder made by batch_dir; None for any other folder."""
+    index, parent, number = (str(folder).rstrip("/").rsplit("/", 2) + ["", ""])[:3]
+    return (index, int(number)) if parent == BATCHES and number.isdigit() else None
+
+
 def use_storage_options(uri: str | Path, options: dict) -> None:
     """Make options the defaults of the URI's fsspec protocol in this process (credentials, endpoint)."""
     if not is_remote(uri) or not options:

@@ -18,7 +18,13 @@ from providers import tokenizer
 from providers.embedders import embedder_spec
 from schemas.arrow import DOCUMENTS_SCHEMA, REFRESH_ENRICHMENT, embedded_chunks_schema
 from schemas.config import ExtractionConfig, InletConfig
-from tasks.artifacts import join, read_artifact, use_storage_options, write_artifact
+from tasks.artifacts import (
+    batch_dir,
+    join,
+    read_artifact,
+    use_storage_options,
+    write_artifact,
+)
 from tasks.chunk import chunk_stage
 from tasks.embed import embed_stage
 from tasks.enrich import enrich_stage
@@ -49,11 +55,6 @@ class IndexPlan:
     cfg: InletConfig
     run_dir: str  # the index's folder in the run: the run folder, or <run>/<variant>
     jobs_dir: str  # the Gemini batch-job ledger
-
-
-def batch_dir(index_dir: str, number: int) -> str:
-    """Return the folder of one batch's artifacts for one index."""
-    return join(index_dir, "batches", f"{number:05d}")
 
 
 def needs_work(documents: pa.Table) -> pa.ChunkedArray:

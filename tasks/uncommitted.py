@@ -30,7 +30,14 @@ import lancedb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.artifacts import join, list_names, read_artifact, write_bytes
+from tasks.artifacts import (
+    batch_dir,
+    join,
+    list_names,
+    read_artifact,
+    split_batch_dir,
+    write_bytes,
+)
 from tasks.store import select_one_per_key
 
 _LOCK = threading.Lock()
@@ -56,12 +63,6 @@ def sharing() -> Iterator[None]:
             _BY_PATH.clear()
 
 
-def _batch_of(folder: str) -> tuple[str, str] | None:
-    """Split a batch folder (<index>/batches/<number>) into the index folder and the number; None for other folders."""
-    parts = str(folder).rstrip("/").rsplit("/", 2)
-    return (parts[0], parts[2]) if len(parts) == 3 and parts[1] == "batches" else None
-
-
 def remember(kind: str, keys: list[str], path: str) -> None:
     """Record that the artifact at path holds the outputs of keys; a key keeps its first artifact."""
     if not keys:
@@ -74,9 +75,9 @@ def remember(kind: str, keys: list[str], path: str) -> None:
             _BY_PATH.setdefault(path, []).append((kind, keys))
             return
     folder, name = path.rsplit("/", 1)
-    batch = _batch_of(folder)
+    batch = split_batch_dir(folder)
     if batch is not None and name == ARTIFACTS[kind]:  # written after the artifact: a reader finds it whole
-        write_bytes(join(batch[0], MARKS), f"{kind}.{batch[1]}", b"")
+        _mark(*batch, kind)
 
 
 def forget(folders: Iterable[str]) -> None:
@@ -85,8 +86,8 @@ def forget(folders: Iterable[str]) -> None:
     with _LOCK:
         in_memory = _SHARED is not None
     if not in_memory:  # batches of other processes read the markers
-        for index, number in filter(None, map(_batch_of, folders)):
-            write_bytes(join(index, MARKS), f"committed.{number}", b"")
+        for index, number in filter(None, map(split_batch_dir, folders)):
+            _mark(index, number, "committed")
         return
     with _LOCK:
         for path in [p for p in _BY_PATH if p.rsplit("/", 1)[0] in folders]:
@@ -97,16 +98,21 @@ def forget(folders: Iterable[str]) -> None:
                         del known[key]
 
 
+def _mark(index: str, number: int, what: str) -> None:
+    """Leave the empty marker <index>/uncommitted/<what>.<batch number>."""
+    write_bytes(join(index, MARKS), f"{what}.{number:05d}", b"")
+
+
 def _marked(kind: str, folder: str | None) -> list[str]:
     """The artifacts of kind that other batches of this folder's index marked done and the writer has not committed."""
-    batch = _batch_of(folder) if folder is not None else None
+    batch = split_batch_dir(folder) if folder is not None else None
     if batch is None:
         return []
     index, own = batch
-    names = list_names(join(index, MARKS))
-    committed = {n.split(".", 1)[1] for n in names if n.startswith("committed.")}
-    done = sorted(n.split(".", 1)[1] for n in names if n.startswith(f"{kind}."))
-    return [join(index, "batches", b, ARTIFACTS[kind]) for b in done if b != own and b not in committed]
+    marks = [name.split(".", 1) for name in list_names(join(index, MARKS))]
+    numbers = {what: {int(m[1]) for m in marks if m[0] == what and m[-1].isdigit()} for what in (kind, "committed")}
+    return [join(batch_dir(index, n), ARTIFACTS[kind])
+            for n in sorted(numbers[kind] - numbers["committed"] - {own})]
 
 
 def recall(kind: str, column: str, keys: Iterable[str], columns: list[str], schema: pa.Schema,
