@@ -41,7 +41,7 @@ from tasks.memory import release_memory, use_lean_allocators
 from tasks.progress import stage_progress
 from tasks.quality import warm as warm_quality
 from tasks.report import report_stage
-from tasks.stage import prepare
+from tasks.stage import opaque_value, prepare
 from tasks.store import (
     connect,
     is_remote_store,
@@ -218,11 +218,13 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
             totals["seconds"]["import gx"] = time.perf_counter() - start
         # Batches in this process take what earlier ones sent to the models before the writer commits it.
         shared = uncommitted.sharing() if execution.task_runner == "thread" else contextlib.nullcontext()
+        # Prefect's annotations do not survive pickling (an opaque comes back wrapping a tuple): only threads get them.
+        unwalked = opaque_value if execution.task_runner == "thread" else lambda value: value
         with shared, make_task_runner(execution) as runner, \
                 stage_progress("batches", sum(len(b) for b in batches)) as advance:
             try:  # the Dask client connects on the first submission
-                futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": extraction,
-                                                       "plans": plans, "storage": storage})
+                futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": unwalked(extraction),
+                                                       "plans": unwalked(plans), "storage": unwalked(storage)})
                            for n in range(len(batches))]
             except OSError as exc:
                 if execution.dask_address is None:  # not a cluster we were pointed at

@@ -35,11 +35,28 @@ class Stage:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the stage as a Prefect task (inside a flow or task run; plainly outside one)."""
-        return self.task()(*args, **kwargs)
+        return self.task()(*(opaque_value(a) for a in args), **{k: opaque_value(v) for k, v in kwargs.items()})
 
     def __reduce__(self) -> tuple:
         """Pickle as a reference to the module attribute, as functions are (Dask ships the batch task by value)."""
         return (_stage_named, (self.fn.__module__, self.fn.__qualname__))
+
+
+_SCALARS = (str, bytes, int, float, bool, type(None))
+
+
+def opaque_value(value: Any) -> Any:
+    """Wrap a task argument in Prefect's opaque: its dependency on the task that returned it is kept, unwalked.
+
+    Prefect otherwise walks every argument, three times a call, looking for futures and results of other
+    tasks inside it. Stages are handed configs, tables and lists of paths, never a future: walking an
+    InletConfig alone took ~6 ms of a ~9 ms task call (bench/README.md, the small scenarios).
+    """
+    if isinstance(value, _SCALARS):
+        return value
+    from prefect.utilities.annotations import opaque
+
+    return opaque(value)
 
 
 def prepare(*stages: Stage) -> None:
