@@ -84,18 +84,16 @@ def forget(folders: Iterable[str]) -> None:
     """Drop what the artifacts in these (batch) folders hold: committed, the table serves it now."""
     folders = set(folders)
     with _LOCK:
-        in_memory = _SHARED is not None
-    if not in_memory:  # batches of other processes read the markers
-        for index, number in filter(None, map(split_batch_dir, folders)):
-            _mark(index, number, "committed")
-        return
-    with _LOCK:
-        for path in [p for p in _BY_PATH if p.rsplit("/", 1)[0] in folders]:
-            for kind, keys in _BY_PATH.pop(path):
-                known = _SHARED.get(kind, {}) if _SHARED is not None else {}
-                for key in keys:
-                    if known.get(key) == path:
-                        del known[key]
+        if _SHARED is not None:
+            for path in [p for p in _BY_PATH if p.rsplit("/", 1)[0] in folders]:
+                for kind, keys in _BY_PATH.pop(path):
+                    known = _SHARED.get(kind, {})
+                    for key in keys:
+                        if known.get(key) == path:
+                            del known[key]
+            return
+    for index, number in filter(None, map(split_batch_dir, folders)):  # batches of other processes read these
+        _mark(index, number, "committed")
 
 
 def _mark(index: str, number: int, what: str) -> None:
