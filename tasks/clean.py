@@ -136,10 +136,17 @@ def tidy_whitespace(text: str) -> str:
     """Drop trailing spaces and collapse runs of blank lines, outside code blocks."""
 
     def clean(prose: str) -> str:
-        prose = re.sub(r"[ \t]+$", "", prose, flags=re.MULTILINE)
-        prose = re.sub(r"\n{3,}", "\n\n", prose)
+        # String methods, not re.sub: the patterns [ \t]+$ (multiline), \n{3,} and \n+\Z are tried at every space
+        # or newline, and took 0.5 s of a 1,384-document corpus's extraction against 0.05 s for these.
+        prose = "\n".join(line.rstrip(" \t") for line in prose.split("\n"))
+        while "\n\n\n" in prose:  # each pass shortens every run of 3+ newlines; runs of 2 stay
+            prose = prose.replace("\n\n\n", "\n\n")
         # Segments are joined by a newline: at most one blank line at either end of a segment.
-        return re.sub(r"\n+\Z", "\n", re.sub(r"\A\n+", "\n", prose))
+        if prose.startswith("\n"):
+            prose = "\n" + prose.lstrip("\n")
+        if prose.endswith("\n"):
+            prose = prose.rstrip("\n") + "\n"
+        return prose
 
     return _outside_fences(text, clean)
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tasks.clean import clean_markdown, drop_repeated_page_lines
+from tasks.clean import clean_markdown, drop_repeated_page_lines, tidy_whitespace
 
 HUGO = """Intro text.
 
@@ -86,6 +86,19 @@ def test_real_docs_keep_every_code_block(shared_corpora):
         assert not re.search(r"^\s*!!! ", prose, re.MULTILINE), path
     assert checked > 1000
 
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("a  \nb\t \nc ", "a\nb\nc"),  # trailing spaces and tabs go, on every line and at the end
+    ("a\n\n\n\nb\n\n\nc\n\nd", "a\n\nb\n\nc\n\nd"),  # runs of blank lines become one
+    ("a \n \t\n  \nb", "a\n\nb"),  # lines of only spaces are blank lines
+    ("\n\n\na\n\n\n", "\na\n"),  # at most one newline at either end of a segment
+    ("a\r\n\r\n\r\nb", "a\r\n\r\n\r\nb"),  # only \n ends a line here, as before
+    ("x  \n```\ncode  \n\n\n\n  more\t\n```\n\n\n\ny  ", "x\n```\ncode  \n\n\n\n  more\t\n```\n\ny"),  # code untouched
+    ("", ""), ("\n", "\n"), ("\n\n\n\n\n\n\n", "\n"),
+])
+def test_whitespace_is_tidied_outside_code_blocks_only(text, expected):
+    assert tidy_whitespace(text) == expected
 
 BODY = ["The left main gear collapsed on landing.", "Crew reported a vibration at rotation.",
         "Weather was clear with light winds.", "The operator grounded its fleet.",
