@@ -137,7 +137,7 @@ def tidy_whitespace(text: str) -> str:
 
     def clean(prose: str) -> str:
         # String methods, not re.sub: the patterns [ \t]+$ (multiline), \n{3,} and \n+\Z are tried at every space
-        # or newline, and took 0.5 s of a 1,384-document corpus's extraction against 0.05 s for these.
+        # or newline. Over the bench's 1,384 Markdown files this function took 1.0 s with them, 0.12 s without.
         prose = "\n".join(line.rstrip(" \t") for line in prose.split("\n"))
         while "\n\n\n" in prose:  # each pass shortens every run of 3+ newlines; runs of 2 stay
             prose = prose.replace("\n\n\n", "\n\n")

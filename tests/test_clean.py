@@ -87,7 +87,6 @@ def test_real_docs_keep_every_code_block(shared_corpora):
     assert checked > 1000
 
 
-
 @pytest.mark.parametrize(("text", "expected"), [
     ("a  \nb\t \nc ", "a\nb\nc"),  # trailing spaces and tabs go, on every line and at the end
     ("a\n\n\n\nb\n\n\nc\n\nd", "a\n\nb\n\nc\n\nd"),  # runs of blank lines become one
@@ -99,6 +98,7 @@ def test_real_docs_keep_every_code_block(shared_corpora):
 ])
 def test_whitespace_is_tidied_outside_code_blocks_only(text, expected):
     assert tidy_whitespace(text) == expected
+
 
 BODY = ["The left main gear collapsed on landing.", "Crew reported a vibration at rotation.",
         "Weather was clear with light winds.", "The operator grounded its fleet.",
