@@ -27,7 +27,6 @@ from tasks import uncommitted
 from tasks.artifacts import read_artifact, report_batch_job, write_artifact
 from tasks.progress import stage_progress
 from tasks.stage import stage
-from tasks.store import connect, open_table
 
 
 def embedding_inputs(enriched: pa.Table, delimiter: str) -> list[str]:
@@ -155,10 +154,9 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
         extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
         title_of = dict(zip(extracted["doc_id"].to_pylist(), extracted["title"].to_pylist()))
         titles = [title_of.get(d) or "" for d in enriched["doc_id"].to_pylist()]
-    table = open_table(connect(store_uri), chunks_table)
     keys = [embed_key(t, spec.fingerprint, title) for t, title in zip(inputs, titles)]
-    cached = uncommitted.lookup(table, "embed", "embed_key", keys, ["embed_key", "truncated", "vector"], schema,
-                                run_dir)
+    cached = uncommitted.lookup(store_uri, chunks_table, "embed", "embed_key", keys,
+                                ["embed_key", "truncated", "vector"], schema, run_dir)
     embedder = _ModelClock(make_embedder(cfg))
     batch_call = None
     run_batch = getattr(embedder, "embed_batch", None)

@@ -26,7 +26,6 @@ from tasks import uncommitted
 from tasks.artifacts import read_artifact, report_batch_job, write_artifact
 from tasks.progress import stage_progress
 from tasks.stage import stage
-from tasks.store import connect, open_table
 
 
 def enrich_key(item: EnrichInput, fingerprint: str, document: str | None = None) -> str:
@@ -172,9 +171,8 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
     keys: list[str] = []
     if enricher is not None and items:
         keys = [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, documents)]
-        table = open_table(connect(store_uri), chunks_table)
-        found = uncommitted.lookup(table, "enrich", "enrich_key", keys, ["enrich_key", "enrichment"],
-                                   ENRICHED_CHUNKS_SCHEMA, run_dir)
+        found = uncommitted.lookup(store_uri, chunks_table, "enrich", "enrich_key", keys,
+                                   ["enrich_key", "enrichment"], ENRICHED_CHUNKS_SCHEMA, run_dir)
         cached = dict(zip(found["enrich_key"].to_pylist(), found["enrichment"].to_pylist()))
     before = replace(getattr(enricher, "usage", Usage()))
     batch_call = None

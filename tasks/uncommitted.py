@@ -15,9 +15,11 @@ the artifact folder instead: a batch that sent keys to a model leaves an empty m
 `committed.<batch>` once it has committed that batch, and a later batch reads the artifacts of the
 batches marked done and not committed (one listing, then at most a commit group's artifacts). Two
 batches running at the same moment can there both send a text: a lock across machines would cost more
-than the rare duplicate. A batch reuses what an earlier one embedded even if validation later
-quarantines that earlier document: the same text gives the same vector again, and the check
-quarantines this document too.
+than the rare duplicate. Either way a lookup notes where the uncommitted outputs are before it reads
+the table, so a batch committed in between is found in one or the other.
+
+A batch reuses what an earlier one embedded even if validation later quarantines that earlier
+document: the same text gives the same vector again, and the check quarantines this document too.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-import lancedb
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -38,7 +39,7 @@ from tasks.artifacts import (
     split_batch_dir,
     write_bytes,
 )
-from tasks.store import select_one_per_key
+from tasks.store import connect, open_table, select_one_per_key
 
 _LOCK = threading.Lock()
 _SHARED: dict[str, dict[str, str]] | None = None  # kind ("embed", "enrich") -> {key: artifact path}
@@ -113,27 +114,36 @@ def _marked(kind: str, folder: str | None) -> list[str]:
             for n in sorted(numbers[kind] - numbers["committed"] - {own})]
 
 
-def recall(kind: str, column: str, keys: Iterable[str], columns: list[str], schema: pa.Schema,
-           folder: str | None = None) -> pa.Table:
-    """One row per key that an earlier batch of this run registered, read from its artifact; empty otherwise.
+def where(kind: str, keys: Iterable[str], folder: str | None = None) -> dict[str, list[str] | None]:
+    """The artifacts that may hold keys' outputs now: {path: the keys registered there, or None for any}.
 
     folder is the asking batch's own: outside the flow's process, the markers beside it say where to look.
     """
+    with _LOCK:
+        if _SHARED is not None:
+            known = _SHARED.get(kind, {})
+            by_path: dict[str, list[str]] = {}
+            for key in keys:
+                if key in known:
+                    by_path.setdefault(known[key], []).append(key)
+            return {path: found for path, found in by_path.items()}
+    return dict.fromkeys(_marked(kind, folder))  # another process's batches: any marked artifact may hold any key
+
+
+def read_outputs(sources: dict[str, list[str] | None], kind: str, column: str, keys: Iterable[str],
+                 columns: list[str], schema: pa.Schema) -> pa.Table:
+    """One row per key found in the artifacts where() named, read in that order; empty when none holds one."""
     wanted = pa.schema([schema.field(c) for c in columns])
     keys = set(keys)
-    with _LOCK:
-        in_memory = _SHARED is not None
-        known = _SHARED.get(kind, {}) if in_memory else {}
-        by_path: dict[str, list[str] | None] = {}
-        for key in keys:
-            if key in known:
-                by_path.setdefault(known[key], []).append(key)
-    if not in_memory:  # another process's batches: any marked artifact may hold any of the keys
-        by_path = dict.fromkeys(_marked(kind, folder))
     parts = []
-    for path, found in by_path.items():
+    for path, registered in sources.items():
+        if not keys:
+            break
+        found = None if registered is None else [k for k in registered if k in keys]
+        if found == []:
+            continue
         rows = read_artifact(path, schema)
-        if found is None:  # as registered in memory: only what that batch sent to the model
+        if found is None:  # a marked batch's artifact: only the rows it sent to the model, as remember() registers
             rows = rows.filter(rows[MADE_NOW[kind]])
         rows = rows.select(columns)
         rows = rows.filter(pc.is_in(rows[column], pa.array(sorted(keys if found is None else found), pa.string())))
@@ -144,17 +154,29 @@ def recall(kind: str, column: str, keys: Iterable[str], columns: list[str], sche
             first.setdefault(key, i)  # a text repeated inside one batch has as many rows
         parts.append(rows.take(list(first.values())))
         keys -= first.keys()  # the next artifact is asked only for what is still missing
-        if not keys:
-            break
     return pa.concat_tables(parts) if parts else wanted.empty_table()
 
 
-def lookup(table: lancedb.table.Table | None, kind: str, column: str, keys: list[str], columns: list[str],
+def recall(kind: str, column: str, keys: Iterable[str], columns: list[str], schema: pa.Schema,
+           folder: str | None = None) -> pa.Table:
+    """One row per key that an earlier batch of this run registered, read from its artifact; empty otherwise."""
+    keys = set(keys)
+    return read_outputs(where(kind, keys, folder), kind, column, keys, columns, schema)
+
+
+def lookup(store_uri: str, table_name: str, kind: str, column: str, keys: list[str], columns: list[str],
            schema: pa.Schema, folder: str | None = None) -> pa.Table:
-    """One row per key: from the committed table, else from this run's uncommitted artifacts (folder: the batch's)."""
-    stored = select_one_per_key(table, column, keys, columns, schema)
+    """One row per key: from the committed table, else from this run's uncommitted artifacts (folder: the batch's).
+
+    Where the uncommitted outputs are is noted before the table is opened and read: a batch that the
+    writer commits and forgets in between is then read from one or the other, and never missed (its
+    artifact stays until the run ends). Read the other way round, a text of that batch went to the
+    model again: a few texts in a cold run of 100k generated documents.
+    """
+    pending = where(kind, keys, folder)
+    stored = select_one_per_key(open_table(connect(store_uri), table_name), column, keys, columns, schema)
     missing = set(keys) - set(stored[column].to_pylist())
     if not missing:
         return stored
-    borrowed = recall(kind, column, missing, columns, schema, folder)
+    borrowed = read_outputs(pending, kind, column, missing, columns, schema)
     return pa.concat_tables([stored, borrowed]) if borrowed.num_rows else stored

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from schemas.arrow import embedded_chunks_schema
 from tasks import uncommitted
@@ -85,3 +88,24 @@ def test_markers_in_a_bucket_are_seen_by_a_batch_in_another_process(s3, monkeypa
     assert _recall({"k1", "k3"}, f"{batches}/00001") == ["k1"]
     uncommitted.forget([f"{batches}/00000"])
     assert _recall({"k1"}, f"{batches}/00001") == []
+
+
+@pytest.mark.parametrize("in_process", [True, False], ids=["thread runner", "worker processes"])
+def test_a_batch_committed_while_a_lookup_reads_the_table_is_still_found(tmp_path, monkeypatch, in_process):
+    # The writer commits batch 0 and forgets it just after a later batch read the table without its rows:
+    # that batch must still find batch 0's vectors (in its artifact), or it sends the text to the model again.
+    batches = tmp_path / "run" / "batches"
+    first = _embedded(batches / "00000", ["k1", "k2"])
+    read_table = uncommitted.select_one_per_key
+
+    def committed_meanwhile(*args: object) -> pa.Table:
+        rows = read_table(*args)  # the table as the later batch read it: without batch 0
+        uncommitted.forget([str(batches / "00000")])
+        return rows
+
+    monkeypatch.setattr(uncommitted, "select_one_per_key", committed_meanwhile)
+    with uncommitted.sharing() if in_process else contextlib.nullcontext():
+        uncommitted.remember("embed", ["k1", "k2"], first)
+        got = uncommitted.lookup(str(tmp_path / "store"), "chunks", "embed", "embed_key", ["k1", "k3"], COLUMNS,
+                                 SCHEMA, str(batches / "00001"))
+    assert got["embed_key"].to_pylist() == ["k1"]
