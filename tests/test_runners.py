@@ -88,9 +88,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def dask_cluster(tmp_path):
-    """A Dask scheduler and one worker started as separate commands, as on other machines."""
+@pytest.fixture(scope="module")
+def dask_cluster(tmp_path_factory, prefect_harness):
+    """A Dask scheduler and one worker started as separate commands, as on other machines; shared by this file's tests.
+
+    Each test gives the flow its own store and artifact folder, so what one run leaves on the worker (its
+    imports, its loaded models) is only what a long-lived worker of a real cluster keeps between runs.
+    """
     import os
     import subprocess
     import sys
@@ -100,6 +104,7 @@ def dask_cluster(tmp_path):
 
     from tests.conftest import ROOT
 
+    tmp_path = tmp_path_factory.mktemp("dask-cluster")
     port = _free_port()
     # The workers report their task runs to the same Prefect API and import the project from its folder.
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(ROOT)}
