@@ -126,7 +126,7 @@ def where(kind: str, keys: Iterable[str], folder: str | None = None) -> dict[str
             for key in keys:
                 if key in known:
                     by_path.setdefault(known[key], []).append(key)
-            return {path: found for path, found in by_path.items()}
+            return dict(by_path)
     return dict.fromkeys(_marked(kind, folder))  # another process's batches: any marked artifact may hold any key
 
 
@@ -155,13 +155,6 @@ def read_outputs(sources: dict[str, list[str] | None], kind: str, column: str, k
         parts.append(rows.take(list(first.values())))
         keys -= first.keys()  # the next artifact is asked only for what is still missing
     return pa.concat_tables(parts) if parts else wanted.empty_table()
-
-
-def recall(kind: str, column: str, keys: Iterable[str], columns: list[str], schema: pa.Schema,
-           folder: str | None = None) -> pa.Table:
-    """One row per key that an earlier batch of this run registered, read from its artifact; empty otherwise."""
-    keys = set(keys)
-    return read_outputs(where(kind, keys, folder), kind, column, keys, columns, schema)
 
 
 def lookup(store_uri: str, table_name: str, kind: str, column: str, keys: list[str], columns: list[str],

@@ -26,32 +26,37 @@ def _embedded(folder, keys: list[str], reused: tuple[str, ...] = ()) -> str:
     return write_artifact(pa.Table.from_pylist(rows, schema=SCHEMA), str(folder), "embedded_chunks", SCHEMA)
 
 
+def _outputs(keys: set[str], folder: str | None = None) -> pa.Table:
+    """What an earlier batch of the run made for keys and the writer has not committed: where(), then read."""
+    return uncommitted.read_outputs(uncommitted.where("embed", keys, folder), "embed", "embed_key", keys, COLUMNS,
+                                    SCHEMA)
+
+
 def test_a_later_batch_reads_one_row_per_key_until_the_batch_is_committed(tmp_path):
     first = _embedded(tmp_path / "batches" / "00000", ["k1", "k2", "k1"])
     with uncommitted.sharing():
         uncommitted.remember("embed", ["k1", "k2"], first)
-        got = uncommitted.recall("embed", "embed_key", {"k1", "k3"}, COLUMNS, SCHEMA)
+        got = _outputs({"k1", "k3"})
         assert got["embed_key"].to_pylist() == ["k1"]
         assert np.allclose(got["vector"].to_pylist()[0], [0.0, 1.0])
         uncommitted.forget([str(tmp_path / "batches" / "00001")])  # another batch's commit: still there
-        assert uncommitted.recall("embed", "embed_key", {"k2"}, COLUMNS, SCHEMA).num_rows == 1
+        assert _outputs({"k2"}).num_rows == 1
         uncommitted.forget([str(tmp_path / "batches" / "00000")])
-        assert uncommitted.recall("embed", "embed_key", {"k1", "k2"}, COLUMNS, SCHEMA).num_rows == 0
+        assert _outputs({"k1", "k2"}).num_rows == 0
 
 
 def test_nothing_is_shared_outside_a_run_or_after_it(tmp_path):
     path = _embedded(tmp_path / "b", ["k1"])
     uncommitted.remember("embed", ["k1"], path)  # no run: ignored
     with uncommitted.sharing():
-        assert uncommitted.recall("embed", "embed_key", {"k1"}, COLUMNS, SCHEMA).num_rows == 0
+        assert _outputs({"k1"}).num_rows == 0
         uncommitted.remember("embed", ["k1"], path)
-        assert uncommitted.recall("embed", "embed_key", {"k1"}, COLUMNS, SCHEMA).num_rows == 1
-    assert uncommitted.recall("embed", "embed_key", {"k1"}, COLUMNS, SCHEMA).num_rows == 0
+        assert _outputs({"k1"}).num_rows == 1
+    assert _outputs({"k1"}).num_rows == 0
 
 
 def _recall(keys: set[str], folder) -> list[str]:
-    got = uncommitted.recall("embed", "embed_key", keys, COLUMNS, SCHEMA, str(folder))
-    return sorted(got["embed_key"].to_pylist())
+    return sorted(_outputs(keys, str(folder))["embed_key"].to_pylist())
 
 
 def test_batches_in_other_processes_share_through_markers_until_the_writer_commits(tmp_path):
@@ -61,7 +66,7 @@ def test_batches_in_other_processes_share_through_markers_until_the_writer_commi
     assert _recall({"k1"}, batches / "00001") == [], "no marker yet: the artifact may still be being written"
     uncommitted.remember("embed", ["k1", "k2"], first)
     assert (tmp_path / "run" / "uncommitted" / "embed.00000").is_file()
-    got = uncommitted.recall("embed", "embed_key", {"k1", "k3"}, COLUMNS, SCHEMA, str(batches / "00001"))
+    got = _outputs({"k1", "k3"}, str(batches / "00001"))
     assert got["embed_key"].to_pylist() == ["k1"] and np.allclose(got["vector"].to_pylist()[0], [0.0, 1.0])
     assert _recall({"k4"}, batches / "00001") == [], "a row the batch reused is not what it sent to the model"
     assert _recall({"k1"}, batches / "00000") == [], "a batch does not borrow from itself"
