@@ -48,6 +48,24 @@ def test_a_fail_check_stops_the_run_and_an_override_turns_it_into_quarantine_or_
                                                        "d2": "validation: chunks.chunk_id_unique"}
 
 
+def test_an_expectation_builds_its_configuration_once_until_a_field_changes():
+    from tasks.quality import _expectation
+
+    check = _expectation("ExpectColumnValuesToBeBetween")(column="token_count", min_value=1, meta={"check": "t"})
+    first = check.configuration
+    assert check.configuration is first and first.kwargs == {"column": "token_count", "min_value": 1.0}
+    check.max_value = 5  # a changed field is seen by the next validation, not hidden by the kept build
+    assert check.configuration is not first and check.configuration.kwargs["max_value"] == 5
+    assert check.configuration.to_domain_obj().configuration.kwargs == check.configuration.kwargs
+
+
+def test_a_bound_changed_on_a_kept_expectation_still_decides_the_outcome():
+    rows = _chunks([("a", "d1", "x", 10), ("b", "d2", "y", 300)])
+    assert gate(validate("chunks", rows, CHUNKS["chunks"])) == {"d2": "validation: chunks.tokens_within_limit"}
+    wider = suites(max_tokens=400, dim=3)["chunks"]
+    assert gate(validate("chunks", rows, wider)) == {}
+
+
 def test_vectors_are_judged_through_their_scalar_view():
     table = _embedded([[1, 0, 0], [np.nan, 1, 0], [0, 0, 0]])
     assert scalar_view(table).column_names == ["chunk_id", "doc_id", "vector_dim", "vector_finite", "vector_norm"]
