@@ -59,7 +59,7 @@ def test_an_expectation_builds_its_configuration_once_until_a_field_changes():
     assert check.configuration.to_domain_obj().configuration.kwargs == check.configuration.kwargs
 
 
-def test_a_bound_changed_on_a_kept_expectation_still_decides_the_outcome():
+def test_each_validation_judges_by_its_own_suites_bounds_not_an_earlier_suites():
     rows = _chunks([("a", "d1", "x", 10), ("b", "d2", "y", 300)])
     assert gate(validate("chunks", rows, CHUNKS["chunks"])) == {"d2": "validation: chunks.tokens_within_limit"}
     wider = suites(max_tokens=400, dim=3)["chunks"]
