@@ -142,10 +142,10 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
                                                   plan.cfg, plan.run_dir, retry_quarantined, failed_sources,
                                                   allow_deletions)
             notices.extend([*crawl_notices, *detect_notices])
-            detected.append((settings_fp, documents))
+            detected.append((settings_fp, documents, known))
         failpoint("detected")
         plans = [plan for plan, _ in variants]
-        per_index = [read_artifact(documents, DOCUMENTS_SCHEMA) for _, documents in detected]
+        per_index = [read_artifact(documents, DOCUMENTS_SCHEMA) for _, documents, _ in detected]
         # Even batches for process and Dask workers; threads share the CPU pool, which evens out the last batch.
         sharing = 1 if cfg.execution.task_runner == "thread" else cfg.execution.workers
         batches = clock.run("plan batches", plan_batches, per_index, cfg.execution.batch_docs, cfg.execution.batch_mb,
@@ -156,8 +156,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         writers = [Writer(store, documents, commit_rows=cfg.execution.commit_rows,
                           chunks_table=plan.cfg.store.chunks_table, documents_table=plan.cfg.store.documents_table,
                           dim=embedder_spec(plan.cfg.embedding).dim, settings_fp=settings_fp, run_id=run_id,
-                          now=started, batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index)
-                   for plan, (settings_fp, documents) in zip(plans, detected)]
+                          now=started, batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=known)
+                   for plan, (settings_fp, documents, known) in zip(plans, detected)]
         storage = {s.name: s.storage_options for s in cfg.sources if s.uri is not None}
         # Web pages are fetched into the artifact folder: workers read them back with its options.
         storage |= {s.name: cfg.store.artifacts_options for s in cfg.sources if s.kind == "web"}
@@ -166,7 +166,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         clock.seconds.update(done["seconds"])
 
         summaries = []
-        for (plan, notices), (_, documents), writer, work in zip(variants, detected, writers, done["indexes"]):
+        for (plan, notices), (_, documents, _), writer, work in zip(variants, detected, writers, done["indexes"]):
             cfg_i = plan.cfg
             loaded = writer.finish(fulltext_index=cfg_i.query.fulltext_index, ann_min_rows=cfg_i.query.ann_min_rows)
             clock.seconds.update({k + _suffix(plan): round(v, 3) for k, v in writer.seconds.items()})

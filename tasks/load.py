@@ -310,14 +310,18 @@ def _chunk_reader(parts: Iterable[pa.Table], documents: pa.Table, extracted: pa.
 
 def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extracted: pa.Table,
                  embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime,
-                 documents_table: str = DOCUMENTS, parts: Callable[[], Iterable[pa.Table]] | None = None) -> LoadResult:
+                 documents_table: str = DOCUMENTS, parts: Callable[[], Iterable[pa.Table]] | None = None,
+                 known: pa.Table | None = None) -> LoadResult:
     """Commit one group of batches: chunks, then their documents' rows (the commit marker), then quarantine rows.
 
     documents holds the rows this group settles: the batches' documents, and in a run's last group the
     deleted and touched ones too. A crash between two commits leaves chunks whose document row still
     carries the old hash: the next run does those documents again and converges.
+
+    known: the documents table as the run read it under the writer lock (read here if None). Its rows of this
+    group's documents are still current: each document is in one group, and no other writer runs.
     """
-    known = known_documents(db, documents_table)
+    known = known_documents(db, documents_table) if known is None else known
     documents = with_own_metadata(documents, extracted)
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
     deleted = _ids(documents, pc.equal(documents["change"], "deleted"))
@@ -370,7 +374,7 @@ def _settled(documents: pa.Table, ids: list[str], last: bool) -> pa.Table:
 @stage("upsert")
 def upsert_stage(store_uri: str, documents_path: str, extracted_paths: list[str], embedded_paths: list[str], *,
                  last: bool, chunks_table: str, documents_table: str, dim: int, settings_fp: str, run_id: str,
-                 now: datetime) -> dict:
+                 now: datetime, known: pa.Table | None = None) -> dict:
     """Commit a group of finished batches (the last group also commits deletions) to LanceDB."""
     schema = embedded_chunks_schema(dim)
     extracted = (pa.concat_tables([read_artifact(p, EXTRACTED_SCHEMA) for p in extracted_paths])
@@ -381,7 +385,7 @@ def upsert_stage(store_uri: str, documents_path: str, extracted_paths: list[str]
     documents = _settled(read_artifact(documents_path, DOCUMENTS_SCHEMA), extracted["doc_id"].to_pylist(), last)
     result = commit_group(connect(store_uri), chunks_table, documents, extracted, keys, dim=dim,
                           settings_fp=settings_fp, run_id=run_id, now=now, documents_table=documents_table,
-                          parts=lambda: (read_artifact(p, schema) for p in embedded_paths))
+                          parts=lambda: (read_artifact(p, schema) for p in embedded_paths), known=known)
     get_run_logger().info("chunks: %d added, %d removed, %d reused, %d rows written", result.chunks_added,
                           result.chunks_removed, result.chunks_reused, result.chunks_written)
     failpoint("group-committed")
@@ -421,10 +425,11 @@ class Writer:
 
     def __init__(self, store_uri: str, documents_path: str, *, commit_rows: int, chunks_table: str,
                  documents_table: str, dim: int, settings_fp: str, run_id: str, now: datetime, batches: int = 0,
-                 fulltext_index: bool = False) -> None:
+                 fulltext_index: bool = False, known: pa.Table | None = None) -> None:
         self._store, self._documents, self._commit_rows = store_uri, documents_path, commit_rows
+        # known: the documents table read at the run's start, so that no group reads it again (see commit_group).
         self._args = {"chunks_table": chunks_table, "documents_table": documents_table, "dim": dim,
-                      "settings_fp": settings_fp, "run_id": run_id, "now": now}
+                      "settings_fp": settings_fp, "run_id": run_id, "now": now, "known": known}
         self._batches, self._fulltext = batches, fulltext_index
         self._received = 0
         self._pending: list[dict] = []

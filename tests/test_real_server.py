@@ -110,8 +110,9 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_worker_and_reports_to_the_serv
         else {row["metric"]: row["value"] for row in summary.data}
     assert summary.type == "table" and metrics["docs_new"] > 0 and metrics["version chunks"] >= 1
     assert metrics["tag"].startswith("run-") and "seconds embed" in metrics
+    # One bar over the run's batches, made only once they have run 2 s (tests/test_progress.py): at 100% if made.
     progress = {a.key: a for a in artifacts if a.type == "progress"}
-    assert set(progress) == {"ingest-progress-batches"}, set(progress)  # one bar over the run's batches
+    assert set(progress) <= {"ingest-progress-batches"}, set(progress)
     assert all(float(a.data) == 100.0 for a in progress.values())
     quarantine = next(a for a in artifacts if a.key == "ingest-run-quarantine")
     assert quarantine.type == "markdown" and quarantine.data.startswith("## Quarantined documents")

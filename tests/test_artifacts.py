@@ -1,0 +1,97 @@
+"""Parquet artifacts: what write_artifact encodes, and that a table reads back as it was written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from schemas.arrow import embedded_chunks_schema
+from tasks.artifacts import (
+    _RecentWrites,
+    dictionary_columns,
+    read_artifact,
+    write_artifact,
+)
+
+
+def _embedded(rows: int, dim: int) -> pa.Table:
+    schema = embedded_chunks_schema(dim)
+    values = np.random.default_rng(7).random(rows * dim, dtype=np.float32)
+    data = {"doc_id": [f"doc-{i // 4}" for i in range(rows)], "chunk_id": [f"chunk-{i}" for i in range(rows)],
+            "text": ["same text"] * rows, "vector": pa.FixedSizeListArray.from_arrays(pa.array(values), dim)}
+    return pa.table({f.name: data[f.name] if f.name in data else _filler(f.type, rows) for f in schema},
+                    schema=schema)
+
+
+def _filler(kind: pa.DataType, rows: int) -> pa.Array:
+    """A column of one plain value of the type (the checks here look only at doc ids and vectors)."""
+    if pa.types.is_string(kind):
+        return pa.array(["x"] * rows, kind)
+    if pa.types.is_boolean(kind):
+        return pa.array([False] * rows, kind)
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return pa.array([1] * rows, kind)
+    return pa.nulls(rows, kind)
+
+
+def test_vectors_are_written_without_a_dictionary_and_the_other_columns_with_one(tmp_path: Path) -> None:
+    table = _embedded(40, 8)
+    path = write_artifact(table, tmp_path, "embedded_chunks", table.schema)
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {group.column(i).path_in_schema.split(".")[0]: group.column(i).encodings
+                 for i in range(group.num_columns)}
+    assert not any("DICTIONARY" in e for e in encodings["vector"])
+    assert any("DICTIONARY" in e for e in encodings["doc_id"])
+
+
+def test_an_embedded_table_reads_back_exactly_as_written(tmp_path: Path) -> None:
+    table = _embedded(40, 8)
+    path = write_artifact(table, tmp_path, "embedded_chunks", table.schema)
+    assert read_artifact(path, table.schema).equals(table)
+
+
+def test_only_lists_of_floats_are_left_out_of_dictionary_encoding() -> None:
+    schema = pa.schema([("vector", pa.list_(pa.float32(), 4)), ("scores", pa.list_(pa.float64())),
+                        ("tags", pa.list_(pa.string())), ("doc_id", pa.string()), ("page", pa.int32())])
+    assert dictionary_columns(schema) == ["tags", "doc_id", "page"]
+
+
+def test_a_stage_reads_back_what_this_process_just_wrote_without_parsing_the_file(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    table = _embedded(12, 4)
+    path = write_artifact(table, tmp_path, "embedded_chunks", table.schema)
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("parsed the file")
+
+    monkeypatch.setattr(pq, "read_table", no_parsing)
+    assert read_artifact(path, table.schema).equals(table)
+
+
+def test_a_file_rewritten_after_this_process_wrote_it_is_read_from_disk(tmp_path: Path) -> None:
+    table = _embedded(12, 4)
+    path = write_artifact(table, tmp_path, "embedded_chunks", table.schema)
+    other = _embedded(3, 4)
+    pq.write_table(other, path + ".tmp")  # another worker's write, put in place as a new file
+    os.replace(path + ".tmp", path)
+    assert read_artifact(path, table.schema).equals(other)
+    pq.write_table(_embedded(5, 4), path)  # and rewritten in place
+    assert read_artifact(path, table.schema).num_rows == 5
+
+
+def test_recent_writes_keep_within_their_byte_bounds(tmp_path: Path) -> None:
+    recent = _RecentWrites(max_bytes=3_000, max_entry_bytes=2_000)
+    small, large = _embedded(4, 8), _embedded(60, 8)
+    assert small.nbytes < 1_000 and large.nbytes > 2_000
+    paths = [write_artifact(small, tmp_path, f"small-{i}", small.schema) for i in range(8)]
+    for path in paths:
+        recent.keep(path, small)
+    big = write_artifact(large, tmp_path, "large", large.schema)
+    recent.keep(big, large)
+    assert recent.get(big) is None  # over the entry bound: not kept
+    kept = [p for p in paths if recent.get(p) is not None]
+    assert kept == paths[-len(kept):] and 0 < len(kept) * small.nbytes <= 3_000  # the latest, within the total
