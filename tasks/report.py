@@ -92,6 +92,15 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def has_quarantine_report(quarantined: list[dict], notices: list[str], validation: list[dict]) -> bool:
+    """Tell whether a run has a quarantine report to post: a quarantined document, checks run, or a notice.
+
+    A run with none of them (a no-op, or one that only deleted) would post "None" and nothing else, an API
+    call that was ~10% of a no-op run (bench/README.md); its summary's docs_quarantined = 0 says the same.
+    """
+    return bool(quarantined or notices or validation)
+
+
 def quarantine_markdown(quarantined: list[dict], notices: list[str], validation: list[dict] = ()) -> str:
     """The run's quarantine list, data-quality results and notices as markdown (an empty list says so)."""
     lines = [f"## Quarantined documents ({len(quarantined)})", ""]
@@ -127,9 +136,10 @@ def report_stage(documents_path: str, extracted_paths: list[str], texts: dict[st
     # Shown on the flow run's Artifacts tab; one stable key per artifact keeps the history together.
     create_table_artifact(key=artifact_key, description=f"Inlet run {run_id}",
                           table=summary_table(summary, stage_seconds, load["versions"], run_id))
-    create_markdown_artifact(key=artifact_key.replace("summary", "quarantine"),
-                             description=f"Inlet run {run_id}: quarantined documents, validation, notices",
-                             markdown=quarantine_markdown(summary["quarantined"], notices, validation or []))
+    if has_quarantine_report(summary["quarantined"], notices, validation or []):
+        create_markdown_artifact(key=artifact_key.replace("summary", "quarantine"),
+                                 description=f"Inlet run {run_id}: quarantined documents, validation, notices",
+                                 markdown=quarantine_markdown(summary["quarantined"], notices, validation or []))
     logger = get_run_logger()
     logger.info("run %s: %s", run_id, ", ".join(f"{k}={summary[k]}" for k in RUN_COUNTS))
     for notice in notices:

@@ -66,6 +66,27 @@ def test_rerun_of_unchanged_corpus_does_no_model_work_and_writes_no_chunk(corpus
     assert _tables(config) == before
 
 
+def _artifact_keys(state) -> set[str]:
+    """The keys of the artifacts a flow run (by its final state) posted."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    return {a.key for a in found}
+
+
+def test_a_run_with_nothing_to_report_posts_its_summary_but_no_quarantine_report(corpus, write_config):
+    config = write_config(corpus)
+    first = ingest(config_path=str(config), return_state=True)
+    assert {"ingest-run-summary", "ingest-run-quarantine"} <= _artifact_keys(first)  # its checks ran: reported
+    again = ingest(config_path=str(config), return_state=True)
+    assert again.result()["docs_unchanged"] == 5
+    keys = _artifact_keys(again)
+    assert "ingest-run-summary" in keys and "ingest-run-quarantine" not in keys
+
+
 def test_touched_file_with_same_bytes_is_unchanged(corpus, write_config):
     config = write_config(corpus)
     ingest(config_path=str(config))
