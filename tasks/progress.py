@@ -52,6 +52,7 @@ def terminal_bars() -> Iterator[None]:
 
 
 def _in_a_run() -> bool:
+    """Tell whether a Prefect flow or task run is current (artifacts have a run to belong to)."""
     from prefect.context import FlowRunContext, TaskRunContext
 
     return FlowRunContext.get() is not None or TaskRunContext.get() is not None
