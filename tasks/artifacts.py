@@ -129,8 +129,8 @@ class _RecentWrites:
 
     A run's stages hand each other tables through files (a batch may run on another machine); in one
     process, reading back what was just written was ~20 reads of 1-4 ms in a 1% run (bench/README.md).
-    An entry counts only while the file's size and modification time are those it was written with, so a
-    file rewritten or replaced since is read from disk. Bounded in bytes: large runs gain little here, and
+    An entry counts only while the file's inode, size and modification time are those it was written with,
+    so a file rewritten or replaced since is read from disk. Bounded in bytes: large runs gain little here, and
     their memory stays flat.
     """
 
@@ -167,12 +167,6 @@ class _RecentWrites:
                 return None
             self._entries.move_to_end(path)
             return entry[1]
-
-    def clear(self) -> None:
-        """Forget every entry."""
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
 
     def _drop(self, path: str) -> None:
         entry = self._entries.pop(path, None)

@@ -125,6 +125,7 @@ def report_stage(documents_path: str, extracted_paths: list[str], texts: dict[st
                  stage_seconds: dict[str, float], notices: list[str], run_dir: str, runs_table: str = RUNS,
                  artifact_key: str = "ingest-run-summary", validation: list[dict] | None = None) -> dict:
     """Append the run to the runs table, write it as the run artifact and return the run summary."""
+    validation = validation or []
     extracted = (pa.concat_tables([read_artifact(p, EXTRACTED_SCHEMA) for p in extracted_paths])
                  if extracted_paths else EXTRACTED_SCHEMA.empty_table())
     summary = summarize_run(read_artifact(documents_path, DOCUMENTS_SCHEMA), extracted, texts, load, usage)
@@ -136,13 +137,13 @@ def report_stage(documents_path: str, extracted_paths: list[str], texts: dict[st
     # Shown on the flow run's Artifacts tab; one stable key per artifact keeps the history together.
     create_table_artifact(key=artifact_key, description=f"Inlet run {run_id}",
                           table=summary_table(summary, stage_seconds, load["versions"], run_id))
-    if has_quarantine_report(summary["quarantined"], notices, validation or []):
+    if has_quarantine_report(summary["quarantined"], notices, validation):
         create_markdown_artifact(key=artifact_key.replace("summary", "quarantine"),
                                  description=f"Inlet run {run_id}: quarantined documents, validation, notices",
-                                 markdown=quarantine_markdown(summary["quarantined"], notices, validation or []))
+                                 markdown=quarantine_markdown(summary["quarantined"], notices, validation))
     logger = get_run_logger()
     logger.info("run %s: %s", run_id, ", ".join(f"{k}={summary[k]}" for k in RUN_COUNTS))
     for notice in notices:
         logger.warning(notice)
     return {"run_id": run_id, **summary, "stage_seconds": stage_seconds, "versions": load["versions"],
-            "indexes": load.get("indexes", {}), "notices": notices, "validation": validation or []}
+            "indexes": load.get("indexes", {}), "notices": notices, "validation": validation}
