@@ -33,8 +33,9 @@ from tasks.failpoints import failpoint
 from tasks.metadata import language_identifier
 from tasks.progress import quiet_stages
 from tasks.quality import validate_stage
-from tasks.refresh import refresh_stage
+from tasks.refresh import refresh_ids, refresh_stage
 from tasks.report import text_counts
+from tasks.stage import Stage
 from tasks.store import use_store_options
 from tasks.variants import extraction_todo_stage, for_variant_stage
 
@@ -138,6 +139,11 @@ def _timed(seconds: dict[str, float], name: str, fn: Callable[..., Any], *args: 
         seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
 
 
+def _task_if(work: bool, stage: Stage) -> Callable[..., Any]:
+    """The stage as its Prefect task when it has work to do; else its plain function."""
+    return stage if work else stage.fn
+
+
 def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, shared: bool,
                  seconds: dict[str, float]) -> dict:
     """Chunk, enrich, embed and validate one batch for one index; return its artifacts, counts and usage."""
@@ -147,14 +153,19 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
     documents = join(here, "documents.parquet")
     timed = _timed if plan.name is None else (
         lambda seconds, name, *args: _timed(seconds, f"{name} {plan.name}", *args))
+    # Stages with nothing to do in this batch run as plain calls inside the batch's task run, not as task runs of
+    # their own: each would cost ~5 ms of Prefect and three events for the server, and a UI row saying "did nothing".
+    refresh = _task_if(bool(refresh_ids(read_artifact(documents, DOCUMENTS_SCHEMA))), refresh_stage)
+    enrich = _task_if(cfg.enrichment.enabled, enrich_stage)
+    validate = _task_if(cfg.quality.enabled, validate_stage)
     if shared:  # several indexes: this one takes the documents it reprocesses from the shared extraction
         elements, extracted = timed(seconds, "select", for_variant_stage, elements, extracted, documents, here)
     chunks = timed(seconds, "chunk", chunk_stage, elements, cfg.chunking, here)
     failpoint("batch-chunked")
     # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.
-    chunks, extracted = timed(seconds, "refresh", refresh_stage, documents, chunks, extracted, store, table, here)
+    chunks, extracted = timed(seconds, "refresh", refresh, documents, chunks, extracted, store, table, here)
     with _MODELS:
-        enriched = timed(seconds, "enrich", enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store,
+        enriched = timed(seconds, "enrich", enrich, chunks, extracted, cfg.enrichment, cfg.pricing, store,
                           table, here, plan.jobs_dir)
         failpoint("batch-enriched")
         embedded = timed(seconds, "embed", embed_stage, enriched["path"], extracted, cfg.embedding, cfg.enrichment,
@@ -163,7 +174,7 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
         seconds[key] = seconds.get(key, 0.0) + embedded.get("model_seconds", 0.0)  # inside the embedder's calls
         failpoint("batch-embedded")
     # Data-quality gates: quarantine what fails a `quarantine` check, stop before committing on a `fail` check.
-    gated = timed(seconds, "validate", validate_stage, documents, elements, extracted, embedded["path"],
+    gated = timed(seconds, "validate", validate, documents, elements, extracted, embedded["path"],
                    cfg.quality, cfg.chunking.max_tokens, dim, here)
     final = read_artifact(gated["embedded"], embedded_chunks_schema(dim))
     return {"extracted": gated["extracted"], "embedded": gated["embedded"], "rows": final.num_rows,

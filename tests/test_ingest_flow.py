@@ -283,3 +283,37 @@ def test_a_one_group_run_commits_and_indexes_before_its_last_batch_and_still_fin
     assert len(table.list_versions()) <= 6, "a handful of versions, not one per batch"
     for i, word in enumerate(words):
         assert search(word, k=1, mode="fulltext", config=config)[0].doc_id == f"sample:{i}.md", word
+
+
+@pytest.fixture
+def task_names(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the name of every Prefect task run called (the real task still runs)."""
+    from prefect.tasks import Task
+
+    seen: list[str] = []
+    original = Task.__call__
+
+    def spy(self: Task, *args, **kwargs):
+        seen.append(self.name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Task, "__call__", spy)
+    return seen
+
+
+def test_stages_with_nothing_to_do_in_a_batch_make_no_task_run_and_change_no_result(corpus, write_config,
+                                                                                   task_names):
+    # Each task run costs ~5 ms and events for the server; a stage with nothing to do runs inside the batch's.
+    on = ingest(config_path=str(write_config(corpus)))
+    assert {"extract", "chunk", "enrich", "embed", "validate"} <= set(task_names)
+    assert "refresh enrichment" not in task_names, "no document's enrichment alone was stale"
+
+    task_names.clear()
+    off = write_config(corpus, name="off.yaml", store="off", enrichment={"enabled": False}, quality={"enabled": False})
+    summary = ingest(config_path=str(off))
+    assert {"extract", "chunk", "embed"} <= set(task_names)
+    assert not {"enrich", "validate", "refresh enrichment"} & set(task_names), task_names
+    assert summary["docs_new"] == on["docs_new"] == 5 and summary["validation"] == []
+    assert summary["chunks_written"] == on["chunks_written"] > 0
+    chunks = _tables(off)[1]
+    assert {c["enrichment"] for c in chunks} == {None}, "enrichment off: the column stays empty"
