@@ -35,13 +35,19 @@ UNREAD_SERVICES = {"PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED": "false",
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
-    """One real, temporary Prefect API server for the whole session."""
+    """One real, temporary Prefect API server for the whole session; flow runs in this process send no heartbeats."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
     with pytest.MonkeyPatch.context() as env:
         for name, value in UNREAD_SERVICES.items():
             env.setenv(name, value)  # the server subprocess reads its settings from the environment
-        with prefect_test_harness(server_startup_timeout=120):
+        # A flow run ends by joining its heartbeat thread, which sleeps in whole seconds: up to 1 s a run, half of
+        # tests/test_ingest_flow.py's time (53.9 s -> 28.5 s without). Heartbeats only let a server mark a crashed
+        # run; no test here reads them, and the deployment test (tests/test_real_server.py) runs in a worker
+        # process of its own, heartbeats on. None cannot be spelled in an environment variable, hence this form.
+        with prefect_test_harness(server_startup_timeout=120), \
+                temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             yield
 
 
