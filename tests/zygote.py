@@ -68,9 +68,16 @@ def _child(request: dict) -> None:
     signal.alarm(CHILD_TIMEOUT_S)  # a run that hangs dies by SIGALRM, and the test says where it was not killed
     code = 0
     try:
+        from prefect.settings import (
+            PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+            temporary_settings,
+        )
+
         from flows.ingest import ingest
 
-        ingest(config_path=request["config"])
+        # No heartbeats, as in the test process (tests/conftest.py): a run that ends would wait up to 1 s for them.
+        with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            ingest(config_path=request["config"])
     except BaseException:  # noqa: BLE001 - the log says what, the exit code says that it failed
         traceback.print_exc()
         code = 1
