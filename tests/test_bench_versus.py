@@ -1,0 +1,36 @@
+"""bench/versus.py: the ratios against the peers and the verdict on each target."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_SPEC = importlib.util.spec_from_file_location("versus", Path(__file__).resolve().parent.parent / "bench" / "versus.py")
+versus = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(versus)
+
+
+def _inlet(**pipeline_s: float) -> dict:
+    return {"summary": [{"scenario": s, "pipeline_s": t, "texts_embedded": 18} for s, t in pipeline_s.items()]}
+
+
+def _peers(**wall_s: dict[str, float]) -> dict:
+    return {"scenarios": {peer: {s: {"median": {"wall_s": t, "texts_embedded": 121}} for s, t in by.items()}
+                          for peer, by in wall_s.items()}}
+
+
+def test_each_inlet_run_gets_its_ratio_and_a_target_is_met_only_when_every_run_meets_it():
+    rows = versus.compare([_inlet(c_1pct=0.20, a_cold=3.0), _inlet(c_1pct=0.25, a_cold=3.5)],
+                          _peers(llamaindex={"c_1pct": 0.44, "a_cold": 17.0}, langchain={"a_cold": 7.3}))
+    by = {(r["scenario"], r["peer"]): r for r in rows}
+    assert set(by) == {("c_1pct", "llamaindex"), ("a_cold", "llamaindex"), ("a_cold", "langchain")}
+    one = by[("c_1pct", "llamaindex")]
+    assert [round(x, 2) for x in one["ratios"]] == [2.2, 1.76] and not one["met"], "the second run is short of 2x"
+    assert by[("a_cold", "langchain")]["met"] and by[("a_cold", "llamaindex")]["met"]
+    table = versus.markdown(rows, ["20:33", "20:36", "20:47"])
+    assert "| c_1pct | 0.20 / 0.25 (18 texts) | LlamaIndex 0.44 (121 texts) | 2.20x / 1.76x | 2x: not met |" in table
+
+
+def test_a_scenario_one_side_did_not_run_is_left_out():
+    rows = versus.compare([_inlet(c_1pct=0.3), _inlet(c_1pct=0.3)], _peers(llamaindex={"b_noop": 0.29}))
+    assert rows == []
