@@ -23,11 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
-PEERS = Path(os.environ.get("PEERS_DIR", SHARED / "bench-peers"))
-CORPUS = Path(os.environ.get("PEERS_CORPUS", SHARED / "corpora" / "markdown"))
-SCENARIOS = ("a_cold", "b_noop", "c_1pct", "d_10pct")
+# bench/ingest.py: the same corpus, peers and scenarios as Inlet's own benchmark.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ingest import CORPUS, PEERS, ROOT, SCENARIOS
+
 # The targets: how many times faster than each peer Inlet's pipeline must be.
 TARGETS = {"a_cold": {"langchain": 2.0, "llamaindex": 4.0}, "b_noop": {"llamaindex": 2.0},
            "c_1pct": {"llamaindex": 2.0}, "d_10pct": {"llamaindex": 2.0}}
