@@ -14,6 +14,7 @@ median wall time over Inlet's median pipeline time; a target is met when every I
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -22,10 +23,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
-# bench/ingest.py: the same corpus, peers and scenarios as Inlet's own benchmark.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ingest import CORPUS, PEERS, ROOT, SCENARIOS
+
+def _load_bench_ingest() -> ModuleType:
+    """bench/ingest.py as a module, loaded by path: bench/ on sys.path would shadow the project's query package."""
+    spec = importlib.util.spec_from_file_location("inlet_bench_ingest", Path(__file__).resolve().parent / "ingest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The same corpus, peers and scenarios as Inlet's own benchmark.
+_INGEST = _load_bench_ingest()
+CORPUS, PEERS, ROOT, SCENARIOS = _INGEST.CORPUS, _INGEST.PEERS, _INGEST.ROOT, _INGEST.SCENARIOS
 
 # The issue's targets: how many times faster than each peer Inlet's pipeline must be.
 TARGETS = {"a_cold": {"langchain": 2.0, "llamaindex": 4.0}, "b_noop": {"llamaindex": 2.0},

@@ -34,3 +34,11 @@ def test_each_inlet_run_gets_its_ratio_and_a_target_is_met_only_when_every_run_m
 def test_a_scenario_one_side_did_not_run_is_left_out():
     rows = versus.compare([_inlet(c_1pct=0.3), _inlet(c_1pct=0.3)], _peers(llamaindex={"b_noop": 0.29}))
     assert rows == []
+
+
+def test_loading_it_leaves_the_import_path_alone():
+    # bench/ holds query.py: on sys.path it would shadow the query package for every test after this one.
+    import sys
+
+    assert str(Path(versus.__file__).resolve().parent) not in sys.path
+    assert versus.SCENARIOS == ("a_cold", "b_noop", "c_1pct", "d_10pct")
