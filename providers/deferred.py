@@ -12,6 +12,8 @@ import importlib.util
 import sys
 import threading
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 # lancedb imports lance_namespace, whose REST client package imports every API class of the Lance namespace
@@ -66,3 +68,31 @@ def defer_unused_imports() -> None:
     """Defer the modules of UNUSED_AT_IMPORT (before the libraries that import them load)."""
     for name in UNUSED_AT_IMPORT:
         defer(name)
+
+
+class _Hide:
+    """A finder that answers "not installed" for the named packages, to imports made by one thread only."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names, self.thread = names, threading.get_ident()
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if threading.get_ident() == self.thread and name.partition(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden from this import)", name=name)
+
+
+@contextmanager
+def hidden(*names: str) -> Iterator[None]:
+    """Within the block, this thread imports as if the named top-level packages were not installed.
+
+    For a library that imports optional integrations whenever they are installed, and works without them
+    (their absence is its documented "not installed" case). A package already imported is not hidden: the
+    library then gets it whole, not without its submodules. Other threads, and imports after the block,
+    are not affected.
+    """
+    finder = _Hide(tuple(n for n in names if n not in sys.modules))
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)

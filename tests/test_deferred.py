@@ -5,7 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+
+import pytest
+
+from providers.deferred import hidden
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,3 +35,29 @@ def test_lancedb_works_without_the_namespace_rest_client_which_still_loads_when_
                          text=True, check=False, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("\n")[:3] == ["no api", "2", "ApiClient JsonArrowSchema Deferred"]
+
+
+def test_a_hidden_package_is_missing_to_this_thread_inside_the_block_only(tmp_path, monkeypatch):
+    (tmp_path / "inlet_hidden_probe").mkdir()
+    (tmp_path / "inlet_hidden_probe" / "__init__.py").write_text("VALUE = 1\n")
+    (tmp_path / "inlet_hidden_probe" / "part.py").write_text("VALUE = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "inlet_hidden_probe", raising=False)
+    monkeypatch.delitem(sys.modules, "inlet_hidden_probe.part", raising=False)
+    seen_by_other_thread = []
+    with hidden("inlet_hidden_probe", "json"):
+        with pytest.raises(ModuleNotFoundError, match="inlet_hidden_probe"):
+            import inlet_hidden_probe
+        with pytest.raises(ModuleNotFoundError, match="inlet_hidden_probe"):  # its package first
+            import inlet_hidden_probe.part
+        import json.tool  # already imported before the block: not hidden, submodules included
+
+        other = threading.Thread(target=lambda: seen_by_other_thread.append(
+            __import__("inlet_hidden_probe.part", fromlist=["VALUE"]).VALUE))
+        other.start()
+        other.join()
+    assert json.tool.__name__ == "json.tool"
+    assert seen_by_other_thread == [2]
+    import inlet_hidden_probe
+
+    assert inlet_hidden_probe.VALUE == 1
