@@ -2,7 +2,8 @@
 
 Every process of Inlet (command line, flow runs, worker processes) pays its imports at start-up; a stand-in
 in sys.modules skips the ones that only some features need, and loads the real module the moment anything
-reads an attribute of it, so those features still work.
+reads an attribute of it, so those features still work. A library's optional integrations, which it imports
+only if installed, can instead be hidden from its import (hidden()): it then goes without them, as designed.
 """
 
 from __future__ import annotations
