@@ -21,6 +21,11 @@ from tasks.stage import stage
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t#]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+# A heading's title goes into the heading path of every chunk under it (and into enrichment prompts). Real
+# ones are short: in ../shared/corpora the longest Markdown heading has 225 characters and 99.9% of all
+# headings under 160. Longer "headings" are lines a parser took for titles (a 331,825-character line of a
+# text file made every one of its document's 1,910 chunks carry 141 KB of path): they stay body text.
+MAX_HEADING_CHARS = 300
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -69,7 +74,10 @@ def _close_paragraph(lines: list[str], out: list[Block]) -> None:
 
 
 def parse_markdown(text: str) -> list[Block]:
-    """Split Markdown into heading, fenced-code and paragraph blocks, text kept as written."""
+    """Split Markdown into heading, fenced-code and paragraph blocks, text kept as written.
+
+    A heading line whose title is over MAX_HEADING_CHARS is a paragraph line.
+    """
     out: list[Block] = []
     para: list[str] = []
     lines = text.split("\n")
@@ -88,7 +96,7 @@ def parse_markdown(text: str) -> list[Block]:
             i = end + 1
             continue
         heading = _HEADING.match(line)
-        if heading:
+        if heading and len(heading.group(2).strip()) <= MAX_HEADING_CHARS:
             _close_paragraph(para, out)
             out.append(Block(line.strip(), "heading", level=len(heading.group(1)), title=heading.group(2).strip()))
         elif not line.strip():
@@ -101,14 +109,13 @@ def parse_markdown(text: str) -> list[Block]:
 
 
 def elements_to_blocks(rows: list[dict]) -> list[Block]:
-    """Turn one document's element rows (in order) into blocks."""
+    """Turn one document's element rows (in order) into blocks; a heading over MAX_HEADING_CHARS is text."""
     blocks: list[Block] = []
     for row in rows:
         if row["kind"] == "markdown":
             blocks.extend(parse_markdown(row["text"]))
-        elif row["kind"] == "heading":
+        elif row["kind"] == "heading" and len(title := " ".join(row["text"].split())) <= MAX_HEADING_CHARS:
             level = min(max(row["heading_level"] or 1, 1), 6)
-            title = " ".join(row["text"].split())
             blocks.append(Block(f"{'#' * level} {title}", "heading", level=level, page=row["page"], title=title))
         else:
             kind = "code" if row["kind"] == "code" else "text"

@@ -8,7 +8,13 @@ import pyarrow as pa
 
 from providers.tokenizer import count_tokens
 from schemas.config import ChunkingConfig
-from tasks.chunk import chunk_elements, make_chunk_id, parse_markdown, text_hash
+from tasks.chunk import (
+    MAX_HEADING_CHARS,
+    chunk_elements,
+    make_chunk_id,
+    parse_markdown,
+    text_hash,
+)
 
 DOC = """# Guide
 
@@ -138,6 +144,25 @@ def test_pages_follow_elements():
     rows = chunk_elements(elements, ChunkingConfig()).to_pylist()
     assert [(r["heading_path"], r["page_start"], r["page_end"]) for r in rows] == [(["Intro"], 1, 1), (["Money"], 2, 2)]
     assert rows[1]["text"] == "# Money\n\nsecond page text"
+
+
+def test_a_heading_too_long_to_be_one_is_body_text_and_no_chunk_carries_it_in_its_path():
+    # A parser took a 20,000-character line for a title: as a heading, every chunk under it carried it in its path.
+    line = " ".join(f"word{i}" for i in range(3000))
+    assert len(line) > MAX_HEADING_CHARS
+    title = "t" * MAX_HEADING_CHARS  # the longest title that still counts
+    elements = pa.table({
+        "doc_id": ["d"] * 4, "element_index": pa.array(range(4), pa.int32()),
+        "kind": ["heading", "heading", "text", "markdown"],
+        "text": [title, line, "after it", f"## {line}\n\nmarkdown body"],
+        "heading_level": pa.array([1, 1, None, None], pa.int32()), "page": pa.array([1, 1, 1, 1], pa.int32()),
+    })
+    rows = chunk_elements(elements, ChunkingConfig(max_tokens=512, overlap_tokens=0)).to_pylist()
+    assert len(rows) > 2
+    assert {tuple(r["heading_path"]) for r in rows} == {(title,)}
+    text = " ".join(r["text"] for r in rows)
+    assert all(f"word{i} " in text for i in (0, 1500, 2998)) and "after it" in text and "markdown body" in text
+    assert f"## {line[:50]}" in text, "the Markdown line is kept as written"
 
 
 def test_windows_never_split_a_character():
