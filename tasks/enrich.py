@@ -181,15 +181,18 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
     polling = batch_polling(cfg.batch, ledger, "enrich", set(keys) - cached.keys()) if run_batch else None
     if polling is not None:
         report = report_batch_job("gemini-batch-job")
-        batch_call = lambda its, docs, ks: run_batch(its, docs, ks, ledger, polling, report)  # noqa: E731
+        batch_call = lambda its, docs, ks: run_batch(its, docs, ks, ledger, polling, report)
     with stage_progress("enrich", len(set(keys) - cached.keys())) as advance:
         enriched = enrich_chunks(chunks, items, enricher, cached, documents, cfg.batch_size, batch_call,
                                  keys or None, advance)
     usage = enrichment_usage(enricher, before, enriched, items, documents, cfg, pricing)
     made = sum(enriched["enriched_now"].to_pylist())
     failed = failed_enrichments(enriched)
-    get_run_logger().info("enriched %d of %d chunks (%d reused, %d failed and marked for the next run)", made,
-                          chunks.num_rows, chunks.num_rows - made - failed, failed)
+    if enricher is None:  # not "N reused": nothing was looked up
+        get_run_logger().info("enrichment is off: %d chunks go on without one", chunks.num_rows)
+    else:
+        get_run_logger().info("enriched %d of %d chunks (%d reused, %d failed and marked for the next run)", made,
+                              chunks.num_rows, chunks.num_rows - made - failed, failed)
     path = write_artifact(enriched, run_dir, "enriched_chunks", ENRICHED_CHUNKS_SCHEMA)
     uncommitted.remember("enrich", enriched.filter(enriched["enriched_now"])["enrich_key"].to_pylist(), path)
     return {"path": path, "usage": usage}

@@ -302,7 +302,7 @@ def task_names(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_stages_with_nothing_to_do_in_a_batch_make_no_task_run_and_change_no_result(corpus, write_config,
-                                                                                   task_names):
+                                                                                   task_names, caplog):
     # Each task run costs ~5 ms and events for the server; a stage with nothing to do runs inside the batch's.
     on = ingest(config_path=str(write_config(corpus)))
     assert {"extract", "chunk", "enrich", "embed", "validate"} <= set(task_names)
@@ -317,3 +317,6 @@ def test_stages_with_nothing_to_do_in_a_batch_make_no_task_run_and_change_no_res
     assert summary["chunks_written"] == on["chunks_written"] > 0
     chunks = _tables(off)[1]
     assert {c["enrichment"] for c in chunks} == {None}, "enrichment off: the column stays empty"
+    # The log says so, rather than counting every chunk as a reused enrichment.
+    assert f"enrichment is off: {len(chunks)} chunks go on without one" in caplog.text
+    assert f"enriched 0 of {len(chunks)} chunks" not in caplog.text
