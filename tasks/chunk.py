@@ -16,16 +16,12 @@ from providers.tokenizer import encode, encoding, token_offsets
 from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA
 from schemas.config import ChunkingConfig, ChunkStrategy
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.clean import MAX_HEADING_CHARS, heading_title
 from tasks.cpu import map_parts, split_by_size
 from tasks.stage import stage
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t#]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-# A heading's title goes into the heading path of every chunk under it (and into enrichment prompts). Real
-# ones are short: in ../shared/corpora the longest Markdown heading has 225 characters and 99.9% of all
-# headings under 160. Longer "headings" are lines a parser took for titles (a 331,825-character line of a
-# text file made every one of its document's 1,910 chunks carry 141 KB of path): they stay body text.
-MAX_HEADING_CHARS = 300
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -114,7 +110,7 @@ def elements_to_blocks(rows: list[dict]) -> list[Block]:
     for row in rows:
         if row["kind"] == "markdown":
             blocks.extend(parse_markdown(row["text"]))
-        elif row["kind"] == "heading" and len(title := " ".join(row["text"].split())) <= MAX_HEADING_CHARS:
+        elif row["kind"] == "heading" and (title := heading_title(row["text"])) is not None:
             level = min(max(row["heading_level"] or 1, 1), 6)
             blocks.append(Block(f"{'#' * level} {title}", "heading", level=level, page=row["page"], title=title))
         else:

@@ -21,6 +21,20 @@ from collections.abc import Callable
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
 _COMMENT = re.compile(r"\{\{[<%]\s*comment\s*[>%]\}\}.*?\{\{[<%]\s*/comment\s*[>%]\}\}", re.DOTALL)
 _SHORTCODE = re.compile(r"\{\{([<%])(?!/\*)\s*(/?)\s*([\w.-]+)((?:[^}]|\}(?!\}))*?)\s*[>%]\}\}")
+
+# A heading's title goes into the heading path of every chunk under it, into its document's title and into
+# enrichment prompts. Real ones are short: in ../shared/corpora the longest Markdown heading has 225 characters
+# and 99.9% of all headings under 160. Longer "headings" are lines a parser took for titles (a
+# 331,825-character line of a text file made each of its document's 1,910 chunks carry 141 KB of path).
+MAX_HEADING_CHARS = 300
+
+
+def heading_title(text: str) -> str | None:
+    """A heading's text with its whitespace folded; None when it is too long to be a heading (it is body text)."""
+    title = " ".join(text.split())
+    return title if len(title) <= MAX_HEADING_CHARS else None
+
+
 _LABEL = re.compile(r"""^\s*(?:(?:title|header|name)\s*=\s*)?["']([^"']+)["']""")
 _LABELLED = {"tab", "alert", "details", "card", "callout", "note", "warning", "tip", "info", "caution"}
 _ADMONITION = re.compile(r"""^(\s*)(?:!!!|\?\?\?\+?)\s+([\w-]+)(?:\s+(?:"([^"]*)"|([^"\s].*?)))?\s*$""")

@@ -20,7 +20,13 @@ from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
 from tasks.artifacts import read_artifact, write_artifact
-from tasks.clean import clean_html, clean_markdown, drop_repeated_page_lines
+from tasks.clean import (
+    MAX_HEADING_CHARS,
+    clean_html,
+    clean_markdown,
+    drop_repeated_page_lines,
+    heading_title,
+)
 from tasks.cpu import map_parts, split_by_size, worker_context
 from tasks.metadata import (
     detect_language,
@@ -162,7 +168,7 @@ def split_front_matter(text: str) -> tuple[dict, str]:
 def _first_heading(text: str) -> str | None:
     for line in text.split("\n"):
         m = re.match(r"^ {0,3}#{1,6}[ \t]+(.+?)[ \t#]*$", line)
-        if m:
+        if m and len(m.group(1).strip()) <= MAX_HEADING_CHARS:  # a longer one is a paragraph line (tasks/chunk.py)
             return m.group(1).strip()
     return None
 
@@ -408,7 +414,7 @@ def _extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig) -
         if not rows:
             raise ExtractionError("empty", "no text could be extracted (only markup or whitespace)")
     _require_words(rows)
-    heading = next((r["text"] for r in rows if r["kind"] == "heading"), None)
+    heading = next((r["text"] for r in rows if r["kind"] == "heading" and heading_title(r["text"])), None)
     title = heading or (_html_title(text) if kind == ".html" else None) or _stem(name)
     return Extracted(rows, title, digest, html_metadata(text) if kind == ".html" else {})
 

@@ -175,6 +175,17 @@ def test_html_title_falls_back_from_heading_to_title_element_to_file_name(tmp_pa
     assert titles == ["Heading", "Only & title", "name-only"]
 
 
+def test_a_heading_too_long_to_be_one_is_not_the_document_title(tmp_path):
+    # Every chunk row carries its document's title: a misread 400-character "heading" would ride in all of them.
+    long = "Long " * 80
+    (tmp_path / "h.html").write_text(f"<html><body><h1>{long}</h1><p>Body text here.</p><h2>Tides</h2>"
+                                     "<p>High water is at noon.</p></body></html>")
+    (tmp_path / "m.md").write_text(f"# {long}\n\nBody text here.\n\n## Tides\n\nHigh water is at noon.\n")
+    (tmp_path / "only.md").write_text(f"# {long}\n\nBody text here.\n")
+    titles = [extract_document("d", str(tmp_path / n), CFG).title for n in ("h.html", "m.md", "only.md")]
+    assert titles == ["Tides", "Tides", "only"]
+
+
 def test_navigation_and_page_furniture_are_dropped():
     html = ("<html><body><a href='#c'>Skip to content</a><header><a href='/'>Site</a></header>"
             "<nav><a>Home</a><a>Docs</a></nav><div id='c'><h1>Tides</h1><p>High water is at noon.</p>"
