@@ -6,8 +6,6 @@ import functools
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-import yake
-
 from schemas.config import EnrichmentConfig
 
 
@@ -56,6 +54,8 @@ class KeywordEnricher:
     VERSION = "1"
 
     def __init__(self, max_keywords: int = 8, language: str = "en") -> None:
+        import yake  # here, not at import: with networkx ~0.1 s, which a run without enrichment need not pay
+
         self._max = max_keywords
         self._extractor = yake.KeywordExtractor(lan=language, n=2, top=max_keywords, dedup_lim=0.7)
         self.fingerprint = f"keywords-yake-{yake.__version__}:v{self.VERSION}:top={max_keywords}:lang={language}"
@@ -63,7 +63,7 @@ class KeywordEnricher:
     def _keywords(self, text: str) -> list[str]:
         return [kw for kw, _score in self._extractor.extract_keywords(text)][: self._max]
 
-    def enrich(self, items: list[EnrichInput], documents: list[str | None] | None = None) -> list[str | None]:  # noqa: ARG002
+    def enrich(self, items: list[EnrichInput], documents: list[str | None] | None = None) -> list[str | None]:
         """Return 'Title / Section / Keywords' lines for each chunk."""
         out = []
         for item in items:

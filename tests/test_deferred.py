@@ -61,3 +61,20 @@ def test_a_hidden_package_is_missing_to_this_thread_inside_the_block_only(tmp_pa
     import inlet_hidden_probe
 
     assert inlet_hidden_probe.VALUE == 1
+
+
+def test_the_ingest_flow_imports_without_the_model_libraries_a_run_may_not_use():
+    # ~0.4 s (google-genai) and ~0.1 s (yake, networkx) of every run's start-up; they load when a run uses them.
+    probe = textwrap.dedent("""
+        import sys
+        import flows.ingest
+        print("google.genai" in sys.modules, "yake" in sys.modules)
+        from providers.enrichers import KeywordEnricher
+        from providers.gemini import GeminiEmbedder
+        print("google.genai" in sys.modules, GeminiEmbedder.__name__, KeywordEnricher().enrich([]) == [])
+        print("yake" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=False,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:3] == ["False False", "True GeminiEmbedder True", "True"]
