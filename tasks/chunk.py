@@ -16,7 +16,7 @@ from providers.tokenizer import encode, encoding, token_offsets
 from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA
 from schemas.config import ChunkingConfig, ChunkStrategy
 from tasks.artifacts import read_artifact, write_artifact
-from tasks.clean import MAX_HEADING_CHARS, heading_title
+from tasks.clean import heading_title
 from tasks.cpu import map_parts, split_by_size
 from tasks.stage import stage
 
@@ -72,7 +72,7 @@ def _close_paragraph(lines: list[str], out: list[Block]) -> None:
 def parse_markdown(text: str) -> list[Block]:
     """Split Markdown into heading, fenced-code and paragraph blocks, text kept as written.
 
-    A heading line whose title is over MAX_HEADING_CHARS is a paragraph line.
+    A heading line too long to be one (heading_title) is a paragraph line.
     """
     out: list[Block] = []
     para: list[str] = []
@@ -92,7 +92,7 @@ def parse_markdown(text: str) -> list[Block]:
             i = end + 1
             continue
         heading = _HEADING.match(line)
-        if heading and len(heading.group(2).strip()) <= MAX_HEADING_CHARS:
+        if heading and heading_title(heading.group(2)) is not None:
             _close_paragraph(para, out)
             out.append(Block(line.strip(), "heading", level=len(heading.group(1)), title=heading.group(2).strip()))
         elif not line.strip():
@@ -105,7 +105,7 @@ def parse_markdown(text: str) -> list[Block]:
 
 
 def elements_to_blocks(rows: list[dict]) -> list[Block]:
-    """Turn one document's element rows (in order) into blocks; a heading over MAX_HEADING_CHARS is text."""
+    """Turn one document's element rows (in order) into blocks; a heading too long to be one is text."""
     blocks: list[Block] = []
     for row in rows:
         if row["kind"] == "markdown":

@@ -21,7 +21,6 @@ from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.clean import (
-    MAX_HEADING_CHARS,
     clean_html,
     clean_markdown,
     drop_repeated_page_lines,
@@ -168,7 +167,7 @@ def split_front_matter(text: str) -> tuple[dict, str]:
 def _first_heading(text: str) -> str | None:
     for line in text.split("\n"):
         m = re.match(r"^ {0,3}#{1,6}[ \t]+(.+?)[ \t#]*$", line)
-        if m and len(m.group(1).strip()) <= MAX_HEADING_CHARS:  # a longer one is a paragraph line (tasks/chunk.py)
+        if m and heading_title(m.group(1)) is not None:  # a longer one is a paragraph line, as in chunking
             return m.group(1).strip()
     return None
 

@@ -9,12 +9,12 @@ import pyarrow as pa
 from providers.tokenizer import count_tokens
 from schemas.config import ChunkingConfig
 from tasks.chunk import (
-    MAX_HEADING_CHARS,
     chunk_elements,
     make_chunk_id,
     parse_markdown,
     text_hash,
 )
+from tasks.clean import MAX_HEADING_CHARS
 
 DOC = """# Guide
 
