@@ -1,4 +1,4 @@
-"""Benchmark: cold ingest, no-op re-run and peak memory at 10k and 100k documents generated from real ones.
+"""Benchmark: cold ingest, no-op re-run, 1% edited and peak memory at 10k and 100k documents generated from real ones.
 
     .venv/bin/python bench/scale.py --docs 10000
     .venv/bin/python bench/scale.py --docs 100000 --runner process
@@ -10,7 +10,9 @@ settings (512 tokens, 64 overlap), hashing embedder, enrichment off. Each run is
 (start-up reported apart); peak RSS is the run's own and its largest worker's. Writes
 bench/results/scale-<docs>.json. The cold run also counts the distinct texts it stored (texts_stored):
 texts_embedded beyond those went to the model twice (or belong to a document that validation
-quarantined after its embedding). At 10k and 100k the two are equal.
+quarantined after its embedding). At 10k and 100k the two are equal. The 1% run follows the no-op: every
+100th file (in path order) gets a paragraph appended, so its last chunk or two are new texts and the rest
+of the store is untouched: its time and texts embedded show whether work follows the change or the store.
 """
 
 from __future__ import annotations
@@ -48,6 +50,15 @@ def generate(target: Path, docs: int) -> int:
     return total
 
 
+def edit_one_percent(corpus: Path) -> int:
+    """Append a paragraph to every 100th Markdown file under corpus; return how many were edited."""
+    files = sorted(corpus.rglob("*.md"))[::100]
+    for path in files:
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(f"\n\nEdited for the 1% run: {path.stem} now ends with this paragraph.\n")
+    return len(files)
+
+
 def _rss_mb() -> tuple[float, float]:
     """This process's resident MB: anonymous memory, and files mapped in (libraries, data files read by mmap)."""
     with open("/proc/self/status") as fh:
@@ -83,7 +94,9 @@ def worker(config: str, out: str) -> None:
         "pipeline_s": summary["pipeline_seconds"],
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "peak_rss_children_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
-        "docs_new": summary["docs_new"], "docs_unchanged": summary["docs_unchanged"],
+        "docs_new": summary["docs_new"], "docs_changed": summary["docs_changed"],
+        "docs_unchanged": summary["docs_unchanged"], "chunks_added": summary["chunks_added"],
+        "chunks_removed": summary["chunks_removed"],
         "chunks_written": summary["chunks_written"], "texts_embedded": summary["texts_embedded"],
         "stage_seconds": summary["stage_seconds"], "versions": summary["versions"],
         "rss_after_import_mb": round(timeline[0][1]) if timeline else None,
@@ -101,7 +114,7 @@ def distinct_texts(store: Path) -> int:
 
 
 def main() -> None:
-    """Generate the corpus, then time a cold ingest and a no-op re-run."""
+    """Generate the corpus, then time a cold ingest, a no-op re-run and a 1% edit."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=10_000)
     parser.add_argument("--runner", choices=["thread", "process", "dask"], default="thread")
@@ -127,7 +140,9 @@ def main() -> None:
         "store": {"uri": str(work / "store" / "lancedb"), "artifacts": str(work / "store" / "runs")}}))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     results = {"docs": args.docs, "corpus_mb": round(corpus_bytes / 2**20, 1), "runner": args.runner}
-    for scenario in ("cold", "noop"):
+    for scenario in ("cold", "noop", "1pct"):
+        if scenario == "1pct":
+            results["edited"] = edit_one_percent(work / "corpus")
         out = work / f"{scenario}.json"
         start = time.perf_counter()
         subprocess.run([sys.executable, __file__, "--worker", str(config), str(out)], cwd=ROOT, env=env, check=True)
