@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import lancedb
 import pyarrow as pa
@@ -247,6 +247,9 @@ def commit_documents(db: lancedb.DBConnection, rows: pa.Table, deleted: list[str
 # Rows added after the full-text index was built are still found (searched without the index);
 # past this many, the index is brought up to date so searches stay fast.
 MAX_UNINDEXED = 5_000
+# Each fold adds a small delta segment to every index; past this many deltas, a fold merges them (never
+# into the base segment built over the whole table: that is the maintenance flow's work).
+MAX_DELTAS = 8
 
 
 def _unindexed(table: lancedb.table.Table, column: str) -> tuple[str | None, int, int]:
@@ -257,8 +260,12 @@ def _unindexed(table: lancedb.table.Table, column: str) -> tuple[str | None, int
     return index.name, stats.num_indexed_rows, stats.num_unindexed_rows
 
 
-def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows: int) -> dict[str, dict[str, int]]:
-    """Create the full-text index and, past ann_min_rows, the ANN vector index; fold new rows in; return coverage."""
+def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows: int,
+                    merge: bool = False) -> dict[str, dict[str, int]]:
+    """Create the full-text index and, past ann_min_rows, the ANN vector index; fold new rows in; return coverage.
+
+    merge (maintenance): also merge every index's segments into one, however few rows wait.
+    """
     rows = table.count_rows()
     if rows == 0:
         return {}
@@ -276,11 +283,29 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
         table.create_index("expires_at", config=BTree(), replace=True)
     if fulltext and _unindexed(table, "text")[0] is None:
         _create_fulltext(table)
-    if any(c["unindexed"] > MAX_UNINDEXED for c in index_coverage(table).values()):
-        release_memory()
-        # No pruning here: old versions are what as_of reads; the maintenance flow decides their retention.
-        table.optimize(cleanup_older_than=timedelta(days=36_500))
+    if merge and any(len(i.segments) > 1 for i in table.to_lance().describe_indices()):
+        fold_in(table, merge_all=True)
+    elif any(c["unindexed"] > (0 if merge else MAX_UNINDEXED) for c in index_coverage(table).values()):
+        fold_in(table, merge_all=merge)
     return index_coverage(table)
+
+
+def fold_in(table: lancedb.table.Table, *, merge_all: bool = False) -> None:
+    """Add the unindexed rows to every index of table: as a new delta segment, or merged into one (merge_all).
+
+    Not LanceDB's optimize(): that also compacts the table, which rewrites every small fragment, so the first
+    run to pass MAX_UNINDEXED after a 100k-document cold build took 156 s and 2.7 GB to fold in 8,589 rows
+    (a delta: 0.5 s). Lance's own API folds without compacting; old versions stay for as_of.
+    """
+    release_memory()
+    by_merge: dict[int, list[str]] = {}  # indexes folded alike go in one call: one table version, not one each
+    for index in table.to_lance().describe_indices():
+        deltas = len(index.segments) - 1
+        by_merge.setdefault(deltas + 1 if merge_all else (deltas if deltas >= MAX_DELTAS else 0), []).append(index.name)
+    for merge, names in sorted(by_merge.items()):
+        # to_lance() opens the version this handle is on: each fold commits one, so move the handle after it.
+        table.to_lance().optimize.optimize_indices(index_names=names, num_indices_to_merge=merge)
+        table.checkout_latest()
 
 
 def _create_fulltext(table: lancedb.table.Table) -> None:

@@ -141,9 +141,9 @@ def compact_stage(store_uri: str, retention_days: float, now: datetime) -> dict[
 
 @stage("refresh indexes")
 def index_stage(store_uri: str, chunks_tables: list[str], fulltext: bool, ann_min_rows: int) -> dict[str, dict]:
-    """Create missing indexes and fold unindexed rows into them, for each chunks table."""
+    """Create missing indexes, fold unindexed rows in and merge the runs' delta segments, for each chunks table."""
     db = connect(store_uri)
-    return {name: refresh_indexes(table, fulltext=fulltext, ann_min_rows=ann_min_rows)
+    return {name: refresh_indexes(table, fulltext=fulltext, ann_min_rows=ann_min_rows, merge=True)
             for name in chunks_tables if (table := open_table(db, name)) is not None}
 
 

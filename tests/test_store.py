@@ -41,3 +41,51 @@ def test_no_table_or_no_match_gives_an_empty_table_of_the_columns(table):
     for source, keys in ((None, ["k0"]), (table, ["nope"]), (table, [])):
         got = select_one_per_key(source, "embed_key", keys, ["embed_key", "vector"], SCHEMA)
         assert got.num_rows == 0 and got.schema.names == ["embed_key", "vector"]
+
+
+def _indexed_table(tmp_path, fragments: int) -> lancedb.table.Table:
+    """A small table written in several commits (several small fragments) with a full-text index."""
+    from lancedb.index import FTS
+
+    db = lancedb.connect(str(tmp_path / "idx"))
+    rows = [pa.table({"id": [f"{n}-{i}" for i in range(20)], "text": [f"row {i} of commit {n}" for i in range(20)]})
+            for n in range(fragments)]
+    table = db.create_table("t", rows[0])
+    for more in rows[1:]:
+        table.add(more)
+    table.create_index("text", config=FTS(with_position=False))
+    return table
+
+
+def _segments(table: lancedb.table.Table) -> int:
+    return len(table.to_lance().describe_indices()[0].segments)
+
+
+def test_folding_new_rows_into_the_indexes_adds_a_delta_and_rewrites_no_data_file(tmp_path, monkeypatch):
+    # LanceDB's optimize() compacts first: every small fragment rewritten, so a fold cost the whole table.
+    from tasks.load import refresh_indexes
+
+    table = _indexed_table(tmp_path, 3)
+    table.add(pa.table({"id": ["new"], "text": ["the zanzibar tide gauge"]}))
+    fragments = table.stats()["fragment_stats"]["num_fragments"]
+    assert refresh_indexes(table, fulltext=True, ann_min_rows=10**9)["fulltext"]["unindexed"] == 1, "below the bar"
+    monkeypatch.setattr("tasks.load.MAX_UNINDEXED", 0)
+    assert refresh_indexes(table, fulltext=True, ann_min_rows=10**9)["fulltext"] == {"indexed": 61, "unindexed": 0}
+    assert table.stats()["fragment_stats"]["num_fragments"] == fragments, "no data file rewritten"
+    assert _segments(table) == 2, "the new row went into a delta segment beside the base"
+    assert table.search("zanzibar", query_type="fts").limit(1).to_arrow()["id"].to_pylist() == ["new"]
+
+
+def test_deltas_past_the_limit_are_merged_and_maintenance_merges_them_all(tmp_path, monkeypatch):
+    from tasks.load import MAX_DELTAS, refresh_indexes
+
+    table = _indexed_table(tmp_path, 1)
+    monkeypatch.setattr("tasks.load.MAX_UNINDEXED", 0)
+    for n in range(MAX_DELTAS + 3):
+        table.add(pa.table({"id": [f"more-{n}"], "text": [f"later row {n}"]}))
+        refresh_indexes(table, fulltext=True, ann_min_rows=10**9)
+        assert _segments(table) <= MAX_DELTAS + 1, f"fold {n}: the deltas were not merged"
+    assert _segments(table) > 1
+    coverage = refresh_indexes(table, fulltext=True, ann_min_rows=10**9, merge=True)
+    assert coverage["fulltext"] == {"indexed": 20 + MAX_DELTAS + 3, "unindexed": 0} and _segments(table) == 1
+    assert table.search("later", query_type="fts").limit(100).to_arrow().num_rows == MAX_DELTAS + 3
