@@ -109,6 +109,19 @@ def _shape(table: lancedb.table.Table) -> dict[str, int]:
             "rows": table.count_rows()}
 
 
+def compact_and_prune(table: lancedb.table.Table, older_than: timedelta) -> None:
+    """Merge the table's small data files, then delete the files of untagged versions older than older_than.
+
+    Lance's own calls, not LanceDB's optimize(): that also merged every index, which at 100k documents made
+    it 187 s at a 2.6 GB peak; compaction alone is 32 s at 1.2 GB, and index_stage merges the indexes after
+    (67 s, 0.6 GB). Tagged versions are kept, as optimize() kept them.
+    """
+    table.to_lance().optimize.compact_files()
+    table.checkout_latest()
+    table.to_lance().cleanup_old_versions(older_than=older_than, error_if_tagged_old_versions=False)
+    table.checkout_latest()
+
+
 @stage("compact and prune")
 def compact_stage(store_uri: str, retention_days: float, now: datetime) -> dict[str, dict]:
     """Compact every table of the store, drop run tags older than the retention, prune older versions."""
@@ -131,8 +144,7 @@ def compact_stage(store_uri: str, retention_days: float, now: datetime) -> dict[
                 if published is not None and not at_latest and stamps.get(published, now) < cutoff else None)
         if at_latest:  # the tag would block pruning its version; readers see the same rows at the latest meanwhile
             table.tags.delete(PUBLISHED_TAG)
-        # Compaction, pruning of versions older than the cutoff, and folding new rows into the indexes.
-        table.optimize(cleanup_older_than=_FOREVER if kept else timedelta(days=retention_days))
+        compact_and_prune(table, _FOREVER if kept else timedelta(days=retention_days))
         if at_latest:  # same rows, fewer files: readers move on to the compacted version
             table.tags.create(PUBLISHED_TAG, table.version)
         out[name] = {"before": before, "after": _shape(table), "tags_removed": dropped, **({"kept": kept} if kept else {})}
