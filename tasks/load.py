@@ -283,9 +283,8 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
         table.create_index("expires_at", config=BTree(), replace=True)
     if fulltext and _unindexed(table, "text")[0] is None:
         _create_fulltext(table)
-    if merge and any(len(i.segments) > 1 for i in table.to_lance().describe_indices()):
-        fold_in(table, merge_all=True)
-    elif any(c["unindexed"] > (0 if merge else MAX_UNINDEXED) for c in index_coverage(table).values()):
+    waiting = any(c["unindexed"] > (0 if merge else MAX_UNINDEXED) for c in index_coverage(table).values())
+    if waiting or (merge and any(len(i.segments) > 1 for i in table.to_lance().describe_indices())):
         fold_in(table, merge_all=merge)
     return index_coverage(table)
 
