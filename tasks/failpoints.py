@@ -20,7 +20,7 @@ POINTS = (
     "batch-enriched",
     "batch-embedded",
     "batch-validated",     # a batch finished, not yet handed to the writer
-    "chunks-merged",       # inside a commit group: chunk rows upserted, the chunks their documents lost not yet deleted
+    "chunks-written",      # inside a commit group: chunk rows appended, their documents' older rows not yet deleted
     "chunks-committed",    # chunks written, their documents rows not yet
     "documents-committed",  # documents rows written, quarantine rows not yet
     "group-committed",     # one commit group done; later batches not yet committed

@@ -43,7 +43,7 @@ from tasks.store import (
     tagged_version,
 )
 
-_KEY_COLUMNS = ["doc_id", "enricher", "enrich_key"]  # what document rows need of a group's embedded chunks
+_KEY_COLUMNS = ["chunk_id", "doc_id", "enricher", "enrich_key"]  # what the commits need of a group's embedded chunks
 _DOC_FIELDS = ["source", "title", "uri", "doc_type", "tags", "access_level", "language", "extra", "expires_at"]
 
 
@@ -148,27 +148,13 @@ def _check_vectors(table: lancedb.table.Table, dim: int) -> None:
         raise EmbedderMismatchError(msg)
 
 
-def with_stored_chunks(table: lancedb.table.Table, scope: list[str], known: set[str] | None) -> list[str]:
-    """Return the scoped documents that may have chunks in table: those in known, and the others found there.
-
-    known names the documents with a documents row (None: take every one as possibly stored). The
-    others are looked up (doc_id column only): a run killed between its two commits leaves chunks
-    without a documents row.
-    """
-    unknown = [] if known is None else [d for d in scope if d not in known]
-    if not unknown:
-        return scope
-    found = select_where_in(table, "doc_id", unknown, ["doc_id"], pa.schema([pa.field("doc_id", pa.string())]))
-    return [d for d in scope if d in known] + sorted(set(found["doc_id"].to_pylist()))
-
-
 def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | pa.RecordBatchReader, scope: list[str],
-                  dim: int, result: LoadResult, num_rows: int | None = None, known: set[str] | None = None, *,
+                  dim: int, result: LoadResult, num_rows: int | None = None, new_ids: list[str] | None = None, *,
                   run_id: str) -> int:
-    """Upsert rows (all written by run_id), then delete the scoped documents' other chunks; count into result.
+    """Append rows (all written by run_id), then delete the scoped documents' older chunks; count into result.
 
-    rows may be a reader (num_rows given): LanceDB then takes the batches as they come, without a
-    concatenated copy of the whole group in memory. known: see with_stored_chunks.
+    rows may be a reader (num_rows and new_ids, the rows' chunk ids, given): LanceDB then takes the
+    batches as they come, without a concatenated copy of the whole group in memory.
     """
     num_rows = rows.num_rows if num_rows is None else num_rows
     table = open_table(db, name)
@@ -181,36 +167,27 @@ def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | pa.Recor
     ensure_columns(table, chunk_rows_schema(dim))
     if not scope:
         return table.version
-    scope = with_stored_chunks(table, scope, known)
-    if not scope and num_rows == 0:
-        return table.version
-    if not scope:
-        # None of these documents has a chunk stored, so none of their chunk ids (made from the doc id) is
-        # there: a plain append. A merge that deletes by source joins against the whole table, and its
-        # peak memory grows with it (bench/README.md); an append's does not.
+    # What the scoped documents hold now, also those without a documents row: a run killed between its
+    # chunk and documents commits leaves such chunks.
+    stored = select_where_in(table, "doc_id", scope, ["doc_id", "chunk_id"], chunk_rows_schema(dim))
+    new_ids = set(rows["chunk_id"].to_pylist() if new_ids is None else new_ids)
+    old_ids = stored["chunk_id"].to_pylist()
+    # A chunk id names a doc id and a text: one kept across the edit is a chunk whose vector came from the cache.
+    result.chunks_reused = len(new_ids.intersection(old_ids))
+    result.chunks_added = num_rows - result.chunks_reused
+    result.chunks_written = num_rows
+    result.chunks_removed = sum(1 for i in old_ids if i not in new_ids)
+    if num_rows:
         table.add(rows)
-        result.chunks_added = result.chunks_written = num_rows
-        return table.version
-    where = f"doc_id IN ({sql_list(scope)})"
-    if num_rows == 0:
-        result.chunks_removed = table.count_rows(where)
-        if result.chunks_removed:
-            table.delete(where)
-        return table.version
-    # Two commits, not one merge that also deletes by source: that one joins against the whole table, so a
-    # 1% run's commit grew with the store (at 1M rows 1.6 s, against 0.15 s for these two; bench/README.md).
-    merged = table.merge_insert("chunk_id").when_matched_update_all().when_not_matched_insert_all().execute(rows)
-    # Matched ids are chunks whose text survived the edit: their vectors came from the cache.
-    result.chunks_added, result.chunks_reused = merged.num_inserted_rows, merged.num_updated_rows
-    result.chunks_written = merged.num_inserted_rows + merged.num_updated_rows
-    failpoint("chunks-merged")
-    # Every row this run wrote carries its run id: the scoped documents' other rows are the chunks they lost.
-    # A crash before this delete leaves them beside the new ones; the documents rows still carry the old
-    # hashes, so the next run does these documents again (its vectors now stored) and deletes them then.
-    stale = f"{where} AND run_id != {sql_list([run_id])}"
-    result.chunks_removed = table.count_rows(stale)
-    if result.chunks_removed:
-        table.delete(stale)
+    failpoint("chunks-written")
+    if stored.num_rows:
+        # An append and a delete, not a merge on chunk_id: a merge joins the rows against the whole table (a
+        # 1% run's commit 29 ms against 9 ms here, on the bench's 11k rows; bench/README.md). Every row this run
+        # wrote carries its run id, so the older rows are the rest. A crash between the two leaves both
+        # beside each other; the documents rows still carry the old hashes, so the next run does these
+        # documents again (their vectors now stored) and deletes the older rows then.
+        where = f"doc_id IN ({sql_list(sorted(set(stored['doc_id'].to_pylist())))})"
+        table.delete(f"{where} AND run_id != {sql_list([run_id])}")
     return table.version
 
 
@@ -359,15 +336,13 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
     deleted = _ids(documents, pc.equal(documents["change"], "deleted"))
     result = LoadResult()
-    ids = known["doc_id"]
-    known_ids = set(ids.filter(pc.is_in(ids, value_set=pa.array(ok + deleted, pa.string()))).to_pylist())
     if parts is None:  # embedded holds every column
         chunks_version = commit_chunks(db, chunks_table, chunk_rows(embedded, documents, extracted, run_id, dim),
-                                       ok + deleted, dim, result, known=known_ids, run_id=run_id)
-    else:  # embedded holds doc ids and enrichment keys only; the rows come from parts, streamed
+                                       ok + deleted, dim, result, run_id=run_id)
+    else:  # embedded holds chunk and doc ids and enrichment keys only; the rows come from parts, streamed
         chunks_version = commit_chunks(db, chunks_table, _chunk_reader(parts(), documents, extracted, run_id, dim),
-                                       ok + deleted, dim, result, num_rows=embedded.num_rows, known=known_ids,
-                                       run_id=run_id)
+                                       ok + deleted, dim, result, num_rows=embedded.num_rows,
+                                       new_ids=embedded["chunk_id"].to_pylist(), run_id=run_id)
     failpoint("chunks-committed")
     doc_rows = document_rows(documents, extracted, embedded, known, settings_fp, run_id, now)
     docs_version = commit_documents(db, doc_rows, deleted, documents_table)

@@ -1,4 +1,4 @@
-"""Cache lookups in the chunks table: one row per key, however many documents share its text."""
+"""The chunks table: cache lookups (one row per key), chunk commits and index folds."""
 
 from __future__ import annotations
 
@@ -89,3 +89,36 @@ def test_deltas_past_the_limit_are_merged_and_maintenance_merges_them_all(tmp_pa
     coverage = refresh_indexes(table, fulltext=True, ann_min_rows=10**9, merge=True)
     assert coverage["fulltext"] == {"indexed": 20 + MAX_DELTAS + 3, "unindexed": 0} and _segments(table) == 1
     assert table.search("later", query_type="fts").limit(100).to_arrow().num_rows == MAX_DELTAS + 3
+
+
+def _chunk_rows(ids: list[tuple[str, str]], run_id: str) -> pa.Table:
+    """Chunk rows of the chunks table's schema (2-dim vectors) for (doc_id, chunk_id) pairs, written by run_id."""
+    from schemas.arrow import chunk_rows_schema
+
+    schema = chunk_rows_schema(2)
+    fill = {pa.types.is_string: "x", pa.types.is_large_string: "x", pa.types.is_integer: 0,
+            pa.types.is_boolean: False, pa.types.is_fixed_size_list: [0.5, 0.5]}
+    rows = []
+    for doc_id, chunk_id in ids:
+        row = {f.name: next((v for test, v in fill.items() if test(f.type)), None) if not f.nullable else None
+               for f in schema}
+        rows.append({**row, "doc_id": doc_id, "chunk_id": chunk_id, "text": chunk_id, "run_id": run_id})
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def test_a_chunk_commit_replaces_the_documents_chunks_and_clears_what_a_killed_run_left_beside_them(tmp_path):
+    # A run killed between its chunk append and its delete leaves its rows beside the older ones (one chunk
+    # id twice); the next run's commit of that document must leave each chunk id once. A merge on chunk_id
+    # updated both copies and kept the duplicate.
+    from tasks.load import LoadResult, commit_chunks
+
+    db = lancedb.connect(str(tmp_path / "db"))
+    db.create_table("chunks", _chunk_rows([("d1", "a"), ("d1", "b"), ("d2", "c")], "run-1"))
+    db.open_table("chunks").add(_chunk_rows([("d1", "a"), ("d1", "z")], "run-2"))  # run-2 killed before its delete
+    result = LoadResult()
+    commit_chunks(db, "chunks", _chunk_rows([("d1", "a"), ("d1", "n")], "run-3"), ["d1"], 2, result, run_id="run-3")
+    rows = db.open_table("chunks").to_arrow()
+    assert sorted(zip(rows["doc_id"].to_pylist(), rows["chunk_id"].to_pylist(), rows["run_id"].to_pylist())) == [
+        ("d1", "a", "run-3"), ("d1", "n", "run-3"), ("d2", "c", "run-1")]
+    assert (result.chunks_added, result.chunks_reused, result.chunks_written) == (1, 1, 2)
+    assert result.chunks_removed == 2, "b and z lost; a kept (its older copies replaced)"
