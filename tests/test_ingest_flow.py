@@ -79,12 +79,22 @@ def _artifact_keys(state) -> set[str]:
 
 def test_a_run_with_nothing_to_report_posts_its_summary_but_no_quarantine_report(corpus, write_config):
     config = write_config(corpus)
-    first = ingest(config_path=str(config), return_state=True)
-    assert {"ingest-run-summary", "ingest-run-quarantine"} <= _artifact_keys(first)  # its checks ran: reported
-    again = ingest(config_path=str(config), return_state=True)
+    ingest(config_path=str(config))
+    guide = corpus / GUIDE
+    guide.write_text(guide.read_text().replace(OLD_PARAGRAPH, NEW_PARAGRAPH))
+    edited = ingest(config_path=str(config), return_state=True)  # checked, every check passed, no notice
+    assert edited.result()["docs_changed"] == 1 and not edited.result()["notices"]
+    assert len(edited.result()["validation"]) == 13 and not any(v["failed"] for v in edited.result()["validation"])
+    keys = _artifact_keys(edited)
+    assert "ingest-run-summary" in keys and "ingest-run-quarantine" not in keys
+    again = ingest(config_path=str(config), return_state=True)  # a no-op: nothing checked
     assert again.result()["docs_unchanged"] == 5
     keys = _artifact_keys(again)
     assert "ingest-run-summary" in keys and "ingest-run-quarantine" not in keys
+    (corpus / "broken.pdf").write_bytes(b"%PDF-1.4 not really")
+    bad = ingest(config_path=str(config), return_state=True)
+    assert bad.result()["docs_quarantined"] == 1
+    assert {"ingest-run-summary", "ingest-run-quarantine"} <= _artifact_keys(bad)
 
 
 def test_touched_file_with_same_bytes_is_unchanged(corpus, write_config):

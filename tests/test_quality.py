@@ -76,6 +76,20 @@ def test_vectors_are_judged_through_their_scalar_view():
         gate(validate("embedded_chunks", table, suites(max_tokens=200, dim=384)["embedded_chunks"]))
 
 
+def test_chunks_and_their_vectors_are_judged_in_one_validation_each_outcome_under_its_own_artifact():
+    from tasks.quality import validate_together
+
+    rows = _embedded([[1, 0, 0], [0, 0, 0], [0, 1, 0]]).append_column(
+        "text", pa.array(["x", "", "z"])).append_column("token_count", pa.array([1, 1, 300], pa.int32()))
+    outcomes = validate_together(rows, {"chunks": CHUNKS["chunks"], "embedded_chunks": CHUNKS["embedded_chunks"]})
+    assert [(o.artifact, o.check) for o in outcomes] == [("chunks", c.name) for c in CHUNKS["chunks"]] + [
+        ("embedded_chunks", c.name) for c in CHUNKS["embedded_chunks"]]
+    assert gate(outcomes) == {"d1": "validation: chunks.text_not_empty", "d2": "validation: chunks.tokens_within_limit"}
+    assert {(o.artifact, o.check): o.failed_docs for o in outcomes if not o.success} == {
+        ("chunks", "text_not_empty"): ("d1",), ("chunks", "tokens_within_limit"): ("d2",),
+        ("embedded_chunks", "vector_not_zero"): ("d1",)}
+
+
 def test_documents_with_an_unknown_access_level_are_quarantined():
     docs = pa.table({"doc_id": ["a", "b"], "access_level": ["public", "top-secret"]})
     assert gate(validate("documents", docs, CHUNKS["documents"])) == {"b": "validation: documents.access_level_allowed"}

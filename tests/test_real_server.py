@@ -87,6 +87,7 @@ async def _read_back(url: str, flow_run_id: UUID) -> tuple:
 
 
 def test_a_deployment_from_prefect_yaml_runs_on_a_worker_and_reports_to_the_server(server, corpus, write_config):
+    (corpus / "broken.pdf").write_bytes(b"%PDF-1.4 not really")  # quarantined: the run has a report to post
     config = write_config(corpus)
     _prefect(server, "work-pool", "create", "local-proc", "--type", "process")
     _prefect(server, "--no-prompt", "deploy", "--all")
@@ -115,4 +116,5 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_worker_and_reports_to_the_serv
     assert set(progress) <= {"ingest-progress-batches"}, set(progress)
     assert all(float(a.data) == 100.0 for a in progress.values())
     quarantine = next(a for a in artifacts if a.key == "ingest-run-quarantine")
-    assert quarantine.type == "markdown" and quarantine.data.startswith("## Quarantined documents")
+    assert quarantine.type == "markdown" and quarantine.data.startswith("## Quarantined documents (1)")
+    assert "broken.pdf" in quarantine.data and metrics["checks_run"] == 13
