@@ -37,7 +37,7 @@ from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
 from tasks.failpoints import failpoint
 from tasks.load import Writer, fulltext_stage, publish_stage, upsert_stage
-from tasks.memory import release_memory, use_lean_allocators
+from tasks.memory import freeze_imports, release_memory, use_lean_allocators
 from tasks.progress import stage_progress
 from tasks.quality import warm as warm_quality
 from tasks.report import report_stage
@@ -54,6 +54,7 @@ from tasks.store import (
 # the system's MIME table that the crawl reads (6 ms). A process serving the flow pays them once.
 prepare(crawl_stage, detect_stage, report_stage, upsert_stage, fulltext_stage, publish_stage, *STAGES)
 mimetypes.init()
+freeze_imports()  # what the imports above made lives as long as the process: no full collection walks it again
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"

@@ -13,7 +13,7 @@ from prefect import get_run_logger
 
 from providers.embedders import embedder_spec
 from providers.enrichers import make_enricher
-from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA, REFRESH_ENRICHMENT
+from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA, REFRESH_ENRICHMENT, conform
 from schemas.config import InletConfig
 from schemas.errors import ConfigError
 from tasks.artifacts import read_artifact, write_artifact
@@ -105,6 +105,31 @@ def _classify(row: dict, known: dict | None, settings_fp: str, hasher: Hasher, r
 _COMPARED = ("doc_id", "source", "size", "mtime_ns", "validator", "content_hash", "status", "settings_fp", "meta_hash")
 
 
+def _same(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:
+    """Element-wise equality where two nulls are equal, as Python's == compares None."""
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    return pc.or_(pc.fill_null(pc.equal(a, b), False), both_null)
+
+
+def unchanged_by_stat(listing: pa.Table, known: pa.Table, settings_fp: str) -> tuple[pa.ChunkedArray, pa.Table]:
+    """Mask the listed files that _classify would call unchanged without reading them; return it and their known rows.
+
+    Same size and mtime as stored, a stored hash, not quarantined, the same settings and metadata: most
+    files of a run. Judged over whole columns, so only the rest go through _classify one by one.
+    """
+    position = pc.index_in(listing["doc_id"], value_set=known["doc_id"])
+    aligned = known.take(pc.fill_null(position, 0)) if known.num_rows else known
+    if not known.num_rows:
+        return pa.chunked_array([pa.array([False] * listing.num_rows)]), aligned
+    mask = pc.is_valid(position)
+    for column in ("size", "mtime_ns", "meta_hash"):
+        mask = pc.and_(mask, _same(listing[column], aligned[column]))
+    mask = pc.and_(mask, pc.is_valid(aligned["content_hash"]))
+    mask = pc.and_(mask, pc.fill_null(pc.not_equal(aligned["status"], "quarantined"), True))
+    mask = pc.and_(mask, pc.fill_null(pc.equal(aligned["settings_fp"], settings_fp), False))
+    return mask, aligned
+
+
 def classify_documents(
     listing: pa.Table, known: pa.Table, settings_fp: str, *, hasher: Hasher = hash_file,
     sources: set[str], retry_quarantined: bool = False, max_bytes: float = float("inf"),
@@ -115,19 +140,31 @@ def classify_documents(
     """
     # Only the columns a comparison reads: a Python copy of every stored column cost more than the comparing.
     slim = known.select([c for c in _COMPARED if c in known.column_names])
-    by_id = {r["doc_id"]: r for r in slim.to_pylist()}
-    rows = []
-    for row in listing.to_pylist():
-        change, reason, digest = _classify(row, by_id.get(row["doc_id"]), settings_fp, hasher, retry_quarantined,
-                                           max_bytes)
-        rows.append({**row, "content_hash": digest, "change": change, "reason": reason})
-    listed = set(listing["doc_id"].to_pylist())
-    gone = [doc_id for doc_id, old in by_id.items() if doc_id not in listed and old["source"] in sources]
-    if gone:
-        for old in known.filter(pc.is_in(known["doc_id"], pa.array(gone, pa.string()))).to_pylist():
-            rows.append({**{k: old.get(k) for k in LISTING_SCHEMA.names}, "content_hash": old["content_hash"],
-                         "change": "deleted", "reason": None})
-    return pa.Table.from_pylist(rows, schema=DOCUMENTS_SCHEMA)
+    quick, aligned = unchanged_by_stat(listing, slim, settings_fp)
+    quick_rows = quick.to_pylist()
+    content = aligned["content_hash"].to_pylist() if slim.num_rows else [None] * listing.num_rows
+    change = ["unchanged" if q else None for q in quick_rows]
+    reason: list[str | None] = [None] * listing.num_rows
+    slow = [i for i, q in enumerate(quick_rows) if not q]
+    if slow:  # the rest, one by one in Python (~1 in 100 files of a 1% run)
+        rest = listing.take(pa.array(slow, pa.int64()))
+        ids = rest["doc_id"]
+        by_id = {r["doc_id"]: r for r in slim.filter(pc.is_in(slim["doc_id"], value_set=ids)).to_pylist()}
+        for i, row in zip(slow, rest.to_pylist()):
+            change[i], reason[i], content[i] = _classify(row, by_id.get(row["doc_id"]), settings_fp, hasher,
+                                                         retry_quarantined, max_bytes)
+    documents = (listing.append_column("content_hash", pa.array(content, pa.string()))
+                 .append_column("change", pa.array(change, pa.string()))
+                 .append_column("reason", pa.array(reason, pa.string())))
+    listed = pc.is_in(known["doc_id"], value_set=listing["doc_id"])
+    gone = pc.and_(pc.invert(listed), pc.is_in(known["source"], value_set=pa.array(sorted(sources), pa.string())))
+    vanished = known.filter(gone)
+    if vanished.num_rows:
+        rows = [{**{k: old.get(k) for k in LISTING_SCHEMA.names}, "content_hash": old["content_hash"],
+                 "change": "deleted", "reason": None} for old in vanished.to_pylist()]
+        documents = pa.concat_tables([conform(documents, DOCUMENTS_SCHEMA),
+                                      pa.Table.from_pylist(rows, schema=DOCUMENTS_SCHEMA)])
+    return conform(documents, DOCUMENTS_SCHEMA)
 
 
 def held_deletions(listing: pa.Table, known: pa.Table, failed: dict[str, str],

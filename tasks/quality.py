@@ -31,6 +31,7 @@ from schemas.arrow import (
 from schemas.config import ACCESS_LEVELS, QualityConfig
 from schemas.errors import DataQualityError
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.memory import freeze_imports
 from tasks.stage import stage
 
 Severity = Literal["quarantine", "fail", "warn"]
@@ -150,6 +151,7 @@ def _gx() -> types.ModuleType:
     with hidden(*_OPTIONAL_FOR_GX):
         import great_expectations
 
+    freeze_imports()  # GX's ~200k objects: outside the collector's walks from now on
     return great_expectations
 
 

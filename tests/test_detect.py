@@ -78,3 +78,26 @@ def test_enricher_change_or_pending_enrichment_refreshes_without_reprocessing():
     got = _classify([_listed("a"), _listed("b"), _listed("c")], known, {})
     assert got["a"] == ("unchanged", "enrichment") and got["b"] == ("unchanged", "enrichment")
     assert got["c"] == ("changed", "settings"), "chunk settings changed too: reprocessed from the bytes"
+
+
+def test_files_judged_over_whole_columns_are_classified_as_one_by_one_and_keep_the_listing_order():
+    # unchanged_by_stat settles most files without _classify; every case must come out as _classify says.
+    from tasks.detect import _classify as one_by_one
+
+    listing = [_listed("same"), _listed("same2"), _listed("nohash"), _listed("q"), _listed("oldfp"),
+               _listed("meta", meta="new"), _listed("touch", mtime=9), _listed("new"), _listed("grown", size=99)]
+    known = [_known("same"), _known("same2"), _known("nohash", digest=None), _known("q", status="quarantined"),
+             _known("oldfp", fp="fp/other"), _known("meta"), _known("touch"), _known("grown"), _known("gone")]
+    hashes = {"nohash": "h", "touch": "h", "new": "h", "q": "h", "grown": "h2"}
+    got = _classify(listing, known, hashes)
+    by_id = {k["doc_id"]: k for k in known}
+    expected = {row["doc_id"]: one_by_one(row, by_id.get(row["doc_id"]), "fp", lambda p: hashes[p.rsplit("/", 1)[1]],
+                                          False, float("inf"))[:2] for row in listing}
+    assert {k: v for k, v in got.items() if k not in ("_hashed", "gone")} == expected
+    assert got["same"] == got["same2"] == ("unchanged", None) and got["gone"] == ("deleted", None)
+    assert got["_hashed"] == ("grown", "new", "nohash", "touch"), "a file judged by its stat is never read"
+    out = classify_documents(pa.Table.from_pylist(listing, schema=LISTING_SCHEMA),
+                             pa.Table.from_pylist(known, schema=DOCUMENT_ROWS_SCHEMA), "fp",
+                             hasher=lambda p: "h", sources={"s"})
+    assert out["doc_id"].to_pylist() == [r["doc_id"] for r in listing] + ["gone"]
+    assert out["content_hash"].to_pylist()[0] == "h"
