@@ -10,6 +10,8 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from prefect import flow
 
 from flows.runners import make_task_runner
@@ -19,7 +21,7 @@ from providers.keys import use_secret_block
 from schemas.arrow import DOCUMENTS_SCHEMA
 from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig, load_config
 from schemas.errors import ConfigError
-from tasks import uncommitted
+from tasks import inflight, uncommitted
 from tasks.artifacts import is_remote, join, read_artifact, use_storage_options
 from tasks.batch import (
     STAGES,
@@ -139,14 +141,17 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
                 "read state" + suffix, known_documents, connect(store), plan.cfg.store.documents_table)
             if plan.name is None:
                 refuse_unindexed_failures(config_path, cfg, failed_sources, known)
+            # Documents a killed run was committing: done again even if their files went back to old bytes.
+            markers = inflight.left(_inflight_dir(plan.cfg))
+            interrupted = frozenset(d for ids in markers.values() for d in ids)
             documents, detect_notices = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp,
                                                   plan.cfg, plan.run_dir, retry_quarantined, failed_sources,
-                                                  allow_deletions)
+                                                  allow_deletions, interrupted)
             notices.extend([*crawl_notices, *detect_notices])
-            detected.append((settings_fp, documents, known))
+            detected.append((settings_fp, documents, known, markers))
         failpoint("detected")
         plans = [plan for plan, _ in variants]
-        per_index = [read_artifact(documents, DOCUMENTS_SCHEMA) for _, documents, _ in detected]
+        per_index = [read_artifact(documents, DOCUMENTS_SCHEMA) for _, documents, _, _ in detected]
         # Even batches for process and Dask workers; threads share the CPU pool, which evens out the last batch.
         sharing = 1 if cfg.execution.task_runner == "thread" else cfg.execution.workers
         batches = clock.run("plan batches", plan_batches, per_index, cfg.execution.batch_docs, cfg.execution.batch_mb,
@@ -157,8 +162,9 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         writers = [Writer(store, documents, commit_rows=cfg.execution.commit_rows,
                           chunks_table=plan.cfg.store.chunks_table, documents_table=plan.cfg.store.documents_table,
                           dim=embedder_spec(plan.cfg.embedding).dim, settings_fp=settings_fp, run_id=run_id,
-                          now=started, batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=known)
-                   for plan, (settings_fp, documents, known) in zip(plans, detected)]
+                          now=started, batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=known,
+                          inflight_dir=_inflight_dir(plan.cfg))
+                   for plan, (settings_fp, documents, known, _) in zip(plans, detected)]
         storage = {s.name: s.storage_options for s in cfg.sources if s.uri is not None}
         # Web pages are fetched into the artifact folder: workers read them back with its options.
         storage |= {s.name: cfg.store.artifacts_options for s in cfg.sources if s.kind == "web"}
@@ -167,9 +173,12 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         clock.seconds.update(done["seconds"])
 
         summaries = []
-        for (plan, notices), (_, documents, _), writer, work in zip(variants, detected, writers, done["indexes"]):
+        for (plan, notices), (_, documents, _, markers), writer, work in zip(variants, detected, writers,
+                                                                           done["indexes"]):
             cfg_i = plan.cfg
             loaded = writer.finish(fulltext_index=cfg_i.query.fulltext_index, ann_min_rows=cfg_i.query.ann_min_rows)
+            if markers:  # what killed runs left, now committed again
+                inflight.settle(markers, worked_ids(read_artifact(documents, DOCUMENTS_SCHEMA)))
             clock.seconds.update({k + _suffix(plan): round(v, 3) for k, v in writer.seconds.items()})
             key = "ingest-run-summary" + ("" if plan.name is None else f"-{plan.name}")
             summaries.append(report_stage(
@@ -186,6 +195,16 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
 
 def _suffix(plan: IndexPlan) -> str:
     return "" if plan.name is None else f" {plan.name}"
+
+
+def _inflight_dir(cfg: InletConfig) -> str:
+    return inflight.folder(cfg.store.artifacts, cfg.store.chunks_table)
+
+
+def worked_ids(documents: pa.Table) -> set[str]:
+    """The documents a run did again: new, changed or deleted ones."""
+    return set(documents.filter(pc.is_in(documents["change"], pa.array(["new", "changed", "deleted"])))
+               ["doc_id"].to_pylist())
 
 
 def _jobs_dir(cfg: InletConfig) -> str:

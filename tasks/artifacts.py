@@ -68,6 +68,30 @@ def write_bytes(folder: str | Path, name: str, data: bytes) -> str:
     return path
 
 
+def read_bytes(path: str | Path) -> bytes:
+    """Read a file (a local path or a URI) whole."""
+    if is_remote(path):
+        import fsspec
+
+        with fsspec.open(str(path), "rb") as fh:
+            return fh.read()
+    return Path(path).read_bytes()
+
+
+def remove(path: str | Path) -> None:
+    """Delete a file (a local path or a URI); one already gone is fine."""
+    if is_remote(path):
+        import fsspec
+
+        fs, inner = fsspec.core.url_to_fs(str(path))
+        try:
+            fs.rm(inner)
+        except FileNotFoundError:
+            pass
+        return
+    Path(path).unlink(missing_ok=True)
+
+
 def list_names(folder: str | Path) -> list[str]:
     """Names of the files in a folder (a local path or a URI); none when it does not exist."""
     if is_remote(folder):

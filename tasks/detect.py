@@ -133,14 +133,19 @@ def unchanged_by_stat(listing: pa.Table, known: pa.Table, settings_fp: str) -> t
 def classify_documents(
     listing: pa.Table, known: pa.Table, settings_fp: str, *, hasher: Hasher = hash_file,
     sources: set[str], retry_quarantined: bool = False, max_bytes: float = float("inf"),
+    interrupted: frozenset[str] | set[str] = frozenset(),
 ) -> pa.Table:
     """Classify the listing against known document rows; known rows of listed sources that vanished are deleted.
 
     Files over max_bytes are not read, not even to hash them: extraction quarantines them as too_large.
+    interrupted: documents a killed run was committing (tasks/inflight.py): changed, whatever their bytes say.
     """
     # Only the columns a comparison reads: a Python copy of every stored column cost more than the comparing.
     slim = known.select([c for c in _COMPARED if c in known.column_names])
     quick, aligned = unchanged_by_stat(listing, slim, settings_fp)
+    if interrupted:
+        quick = pc.and_(quick, pc.invert(pc.is_in(listing["doc_id"], value_set=pa.array(sorted(interrupted),
+                                                                                          pa.string()))))
     quick_rows = quick.to_pylist()
     content = aligned["content_hash"].to_pylist() if slim.num_rows else [None] * listing.num_rows
     change = ["unchanged" if q else None for q in quick_rows]
@@ -153,6 +158,8 @@ def classify_documents(
         for i, row in zip(slow, rest.to_pylist()):
             change[i], reason[i], content[i] = _classify(row, by_id.get(row["doc_id"]), settings_fp, hasher,
                                                          retry_quarantined, max_bytes)
+            if change[i] == "unchanged" and row["doc_id"] in interrupted:
+                change[i], reason[i] = "changed", "interrupted"
     documents = (listing.append_column("content_hash", pa.array(content, pa.string()))
                  .append_column("change", pa.array(change, pa.string()))
                  .append_column("reason", pa.array(reason, pa.string())))
@@ -212,7 +219,7 @@ def refuse_unindexed_failures(origin: str, cfg: InletConfig, failed: dict[str, s
 @stage("detect changes")
 def detect_stage(listing_path: str, known: pa.Table, settings_fp: str, cfg: InletConfig, run_dir: str,
                  retry_quarantined: bool = False, failed_sources: dict[str, str] | None = None,
-                 allow_deletions: bool = False) -> tuple[str, list[str]]:
+                 allow_deletions: bool = False, interrupted: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
     """Classify listed files against the documents table and write the documents artifact; return it and notices.
 
     Sources held by the mass-deletion guard keep their vanished documents, unless allow_deletions.
@@ -227,6 +234,7 @@ def detect_stage(listing_path: str, known: pa.Table, settings_fp: str, cfg: Inle
         listing, known, settings_fp,
         sources={s.name for s in cfg.sources} - (set() if allow_deletions else set(held)),
         retry_quarantined=retry_quarantined, max_bytes=cfg.extraction.max_file_mb * 1024 * 1024,
+        interrupted=interrupted,
     )
     counts = {c: 0 for c in ("new", "changed", "unchanged", "deleted")}
     for change in documents["change"].to_pylist():

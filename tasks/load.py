@@ -25,7 +25,7 @@ from schemas.arrow import (
     embedded_chunks_schema,
 )
 from schemas.errors import EmbedderMismatchError
-from tasks import uncommitted
+from tasks import inflight, uncommitted
 from tasks.artifacts import read_artifact
 from tasks.enrich import failed_mask
 from tasks.failpoints import failpoint
@@ -321,7 +321,7 @@ def _chunk_reader(parts: Iterable[pa.Table], documents: pa.Table, extracted: pa.
 def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extracted: pa.Table,
                  embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime,
                  documents_table: str = DOCUMENTS, parts: Callable[[], Iterable[pa.Table]] | None = None,
-                 known: pa.Table | None = None) -> LoadResult:
+                 known: pa.Table | None = None, inflight_dir: str | None = None) -> LoadResult:
     """Commit one group of batches: chunks, then their documents' rows (the commit marker), then quarantine rows.
 
     documents holds the rows this group settles: the batches' documents, and in a run's last group the
@@ -330,12 +330,15 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
 
     known: the documents table as the run read it under the writer lock (read here if None). Its rows of this
     group's documents are still current: each document is in one group, and no other writer runs.
+    inflight_dir: where the group leaves its marker from before the chunk commit to after the documents commit
+    (tasks/inflight.py), so that a next run redoes these documents even if their files went back to old bytes.
     """
     known = known_documents(db, documents_table) if known is None else known
     documents = with_own_metadata(documents, extracted)
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
     deleted = _ids(documents, pc.equal(documents["change"], "deleted"))
     result = LoadResult()
+    marker = inflight.mark(inflight_dir, run_id, ok + deleted) if inflight_dir and (ok or deleted) else None
     if parts is None:  # embedded holds every column
         chunks_version = commit_chunks(db, chunks_table, chunk_rows(embedded, documents, extracted, run_id, dim),
                                        ok + deleted, dim, result, run_id=run_id)
@@ -347,6 +350,8 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
     doc_rows = document_rows(documents, extracted, embedded, known, settings_fp, run_id, now)
     docs_version = commit_documents(db, doc_rows, deleted, documents_table)
     failpoint("documents-committed")
+    if marker is not None:
+        inflight.done(marker)
     quarantined = quarantine_rows(documents, extracted, run_id, now)
     result.docs_quarantined = quarantined.num_rows
     q_version = upsert_keyed(db, QUARANTINE, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
@@ -383,7 +388,7 @@ def _settled(documents: pa.Table, ids: list[str], last: bool) -> pa.Table:
 @stage("upsert")
 def upsert_stage(store_uri: str, documents_path: str, extracted_paths: list[str], embedded_paths: list[str], *,
                  last: bool, chunks_table: str, documents_table: str, dim: int, settings_fp: str, run_id: str,
-                 now: datetime, known: pa.Table | None = None) -> dict:
+                 now: datetime, known: pa.Table | None = None, inflight_dir: str | None = None) -> dict:
     """Commit a group of finished batches (the last group also commits deletions) to LanceDB."""
     schema = embedded_chunks_schema(dim)
     extracted = (pa.concat_tables([read_artifact(p, EXTRACTED_SCHEMA) for p in extracted_paths])
@@ -394,7 +399,8 @@ def upsert_stage(store_uri: str, documents_path: str, extracted_paths: list[str]
     documents = _settled(read_artifact(documents_path, DOCUMENTS_SCHEMA), extracted["doc_id"].to_pylist(), last)
     result = commit_group(connect(store_uri), chunks_table, documents, extracted, keys, dim=dim,
                           settings_fp=settings_fp, run_id=run_id, now=now, documents_table=documents_table,
-                          parts=lambda: (read_artifact(p, schema) for p in embedded_paths), known=known)
+                          parts=lambda: (read_artifact(p, schema) for p in embedded_paths), known=known,
+                          inflight_dir=inflight_dir)
     get_run_logger().info("chunks: %d added, %d removed, %d reused, %d rows written", result.chunks_added,
                           result.chunks_removed, result.chunks_reused, result.chunks_written)
     failpoint("group-committed")
@@ -434,11 +440,12 @@ class Writer:
 
     def __init__(self, store_uri: str, documents_path: str, *, commit_rows: int, chunks_table: str,
                  documents_table: str, dim: int, settings_fp: str, run_id: str, now: datetime, batches: int = 0,
-                 fulltext_index: bool = False, known: pa.Table | None = None) -> None:
+                 fulltext_index: bool = False, known: pa.Table | None = None, inflight_dir: str | None = None) -> None:
         self._store, self._documents, self._commit_rows = store_uri, documents_path, commit_rows
         # known: the documents table read at the run's start, so that no group reads it again (see commit_group).
         self._args = {"chunks_table": chunks_table, "documents_table": documents_table, "dim": dim,
-                      "settings_fp": settings_fp, "run_id": run_id, "now": now, "known": known}
+                      "settings_fp": settings_fp, "run_id": run_id, "now": now, "known": known,
+                      "inflight_dir": inflight_dir}
         self._batches, self._fulltext = batches, fulltext_index
         self._received = 0
         self._pending: list[dict] = []

@@ -176,3 +176,33 @@ def test_searches_during_a_run_see_the_previous_run_or_the_new_one_never_part_of
     assert during, "some searches ran between the run's first and last commit"
     assert {n for _, n in seen} <= {0, 3}, f"a search saw part of a run: {sorted({n for _, n in seen})}"
     assert len({h.doc_id for h in search("zanzibar knot", k=10, mode="fulltext", config=config)}) == 3
+
+
+def test_a_file_put_back_after_a_run_was_killed_mid_commit_gets_its_old_chunks_back(pages, write_config):
+    # Killed between its chunk and documents commits, a run leaves the edit's chunks under the old documents
+    # row. With the file back to its old bytes the hash matches that row again: only the run's marker
+    # (tasks/inflight.py) says the document must be done again.
+    from prefect.settings import PREFECT_API_URL
+
+    from tasks import inflight
+
+    config = _config(write_config, pages, "store")
+    ingest(config_path=str(config))
+    expected = _tables(config)
+    original = (pages / "rigging.md").read_bytes()
+    (pages / "rigging.md").write_text(_page("rigging", 0).replace("inspect, clean", "inspect, grease"),
+                                      encoding="utf-8")
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    log = config.with_suffix(".log")
+    with Zygote(env) as zygote:
+        code = zygote.run(config, {"INLET_FAILPOINT": "chunks-committed"}, log)
+    assert code == -9, f"the run was not killed there (exit {code}):\n{log.read_text()[-3000:]}"
+    cfg = load_config(config)
+    markers = inflight.left(inflight.folder(cfg.store.artifacts, cfg.store.chunks_table))
+    assert len(markers) == 1 and [len(ids) for ids in markers.values()] == [1], markers
+    assert next(iter(markers.values()))[0].endswith("rigging.md"), markers
+    (pages / "rigging.md").write_bytes(original)
+    summary = ingest(config_path=str(config))
+    assert summary["docs_changed"] == 1, "the put-back file is done again"
+    assert _tables(config) == expected, "the edit's chunks stayed"
+    assert inflight.left(inflight.folder(cfg.store.artifacts, cfg.store.chunks_table)) == {}, "marker settled"

@@ -101,3 +101,11 @@ def test_files_judged_over_whole_columns_are_classified_as_one_by_one_and_keep_t
                              hasher=lambda p: "h", sources={"s"})
     assert out["doc_id"].to_pylist() == [r["doc_id"] for r in listing] + ["gone"]
     assert out["content_hash"].to_pylist()[0] == "h"
+
+
+def test_a_document_a_killed_run_was_committing_is_changed_whatever_its_bytes_say():
+    listing = [_listed("kept"), _listed("putback", mtime=5), _listed("other")]
+    known = [_known("kept"), _known("putback"), _known("other")]
+    got = _classify(listing, known, {"putback": "h"}, interrupted={"kept", "putback", "gone-anyway"})
+    assert got["kept"] == got["putback"] == ("changed", "interrupted")
+    assert got["other"] == ("unchanged", None) and got["_hashed"] == ("putback",)

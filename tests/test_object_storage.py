@@ -78,6 +78,8 @@ def test_run_artifacts_can_live_in_a_bucket(s3, write_config, tmp_path, corpus):
     names = {k.rsplit("/", 1)[1] for k in keys}
     assert {"listing.parquet", "documents.parquet", "elements.parquet", "chunks.parquet", "run.parquet"} <= names
     assert not (tmp_path / "runs").exists(), "nothing written to a local artifact folder"
+    marks = client.list_objects_v2(Bucket="runs", Prefix="inlet/inflight/").get("Contents", [])
+    assert marks == [], "each commit group removed its in-flight marker from the bucket"
     assert search("wind limits for lasers", k=1, config=config)[0].doc_id == "sample:policies/safety-policy.html"
     assert ingest(config_path=str(config))["docs_unchanged"] == 5
 
@@ -118,3 +120,21 @@ def test_the_store_and_artifacts_can_both_live_in_a_bucket(s3, write_config, tmp
 
     with writer_lock("s3://knowledge/lancedb", "run-holding"), pytest.raises(StoreBusyError, match="being written by"):
         ingest(config_path=str(config))
+
+
+def test_in_flight_markers_are_written_read_and_removed_in_a_bucket(s3, monkeypatch):
+    import fsspec.config
+
+    from tasks import inflight
+
+    endpoint, client, _ = s3
+    client.create_bucket(Bucket="marks")
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint, "key": "test", "secret": "test",
+                                                   "client_kwargs": {"region_name": "us-east-1"}})
+    where = inflight.folder("s3://marks/inlet", "chunks")
+    path = inflight.mark(where, "run-1", ["b", "a"])
+    assert inflight.left(where) == {path: ["a", "b"]}
+    inflight.settle(inflight.left(where), {"a"})
+    assert inflight.left(where) == {path: ["a", "b"]}, "kept: b was not done again"
+    inflight.settle(inflight.left(where), {"a", "b", "c"})
+    assert inflight.left(where) == {}

@@ -1,0 +1,47 @@
+"""Which documents a commit group was committing when its run was stopped: the next run does them again.
+
+A group commits its chunks, then its documents rows, whose content hash marks those chunks as committed.
+A run killed between the two leaves the new chunks under the old rows; the next run finds the file
+changed and converges, unless the file went back to its old bytes meanwhile: its hash then matches the
+old row, and the chunks of the edit would stay. So before its chunk commit a group leaves a marker naming
+its documents in <artifacts>/inflight/<chunks table>/, and removes it after its documents commit. A run
+reads the markers that killed runs left and does their documents again whatever their hashes say
+(reason "interrupted"), then removes the markers whose documents it settled. One small file a group.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from tasks.artifacts import join, list_names, read_bytes, remove, write_bytes
+
+FOLDER = "inflight"
+
+
+def folder(artifacts: str, chunks_table: str) -> str:
+    """The markers' folder of one index (its chunks table) under the artifact root."""
+    return join(artifacts, FOLDER, chunks_table)
+
+
+def mark(where: str, run_id: str, doc_ids: list[str]) -> str:
+    """Leave a marker naming the documents a group is about to commit; return its path."""
+    return write_bytes(where, f"{run_id}.{uuid.uuid4().hex[:8]}.json", json.dumps(sorted(doc_ids)).encode())
+
+
+def done(marker: str) -> None:
+    """Remove a group's marker once its documents rows are committed."""
+    remove(marker)
+
+
+def left(where: str) -> dict[str, list[str]]:
+    """The markers killed runs left in the folder: {path: the doc ids it names}."""
+    return {join(where, name): json.loads(read_bytes(join(where, name)))
+            for name in sorted(list_names(where)) if name.endswith(".json")}
+
+
+def settle(markers: dict[str, list[str]], worked: set[str]) -> None:
+    """Remove the markers all of whose documents this run did again (new, changed or deleted)."""
+    for path, doc_ids in markers.items():
+        if worked.issuperset(doc_ids):
+            remove(path)
