@@ -198,6 +198,7 @@ def _suffix(plan: IndexPlan) -> str:
 
 
 def _inflight_dir(cfg: InletConfig) -> str:
+    """Where an index's commit groups leave their in-flight markers (tasks/inflight.py)."""
     return inflight.folder(cfg.store.artifacts, cfg.store.chunks_table)
 
 
