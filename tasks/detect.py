@@ -117,10 +117,10 @@ def unchanged_by_stat(listing: pa.Table, known: pa.Table, settings_fp: str) -> t
     Same size and mtime as stored, a stored hash, not quarantined, the same settings and metadata: most
     files of a run. Judged over whole columns, so only the rest go through _classify one by one.
     """
-    position = pc.index_in(listing["doc_id"], value_set=known["doc_id"])
-    aligned = known.take(pc.fill_null(position, 0)) if known.num_rows else known
     if not known.num_rows:
-        return pa.chunked_array([pa.array([False] * listing.num_rows)]), aligned
+        return pa.chunked_array([pa.array([False] * listing.num_rows)]), known
+    position = pc.index_in(listing["doc_id"], value_set=known["doc_id"])
+    aligned = known.take(pc.fill_null(position, 0))
     mask = pc.is_valid(position)
     for column in ("size", "mtime_ns", "meta_hash"):
         mask = pc.and_(mask, _same(listing[column], aligned[column]))
