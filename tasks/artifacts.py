@@ -64,7 +64,11 @@ def write_bytes(folder: str | Path, name: str, data: bytes) -> str:
             fh.write(data)
         return path
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_bytes(data)
+    # Written aside, then renamed into place: a process killed mid-write leaves no half file under the name
+    # (an object store's put is whole already).
+    partial = Path(f"{path}.partial-{os.getpid()}")
+    partial.write_bytes(data)
+    partial.replace(path)
     return path
 
 

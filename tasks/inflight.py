@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 
+from schemas.errors import StoreError
 from tasks.artifacts import join, list_names, read_bytes, remove, write_bytes
 
 FOLDER = "inflight"
@@ -35,9 +36,26 @@ def done(marker: str) -> None:
 
 
 def left(where: str) -> dict[str, list[str]]:
-    """The markers killed runs left in the folder: {path: the doc ids it names}."""
-    return {join(where, name): json.loads(read_bytes(join(where, name)))
-            for name in sorted(list_names(where)) if name.endswith(".json")}
+    """The markers killed runs left in the folder: {path: the doc ids it names}.
+
+    A marker that is not a JSON list of doc ids (written by something else) stops the run with its path:
+    skipped, its documents could keep a killed run's chunks unseen.
+    """
+    found = {}
+    for name in sorted(list_names(where)):
+        if not name.endswith(".json"):
+            continue  # a write still aside (tasks/artifacts.py write_bytes)
+        path = join(where, name)
+        try:
+            ids = json.loads(read_bytes(path))
+        except (ValueError, UnicodeDecodeError) as exc:
+            ids = exc
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            msg = (f"{path}: not an in-flight marker (a JSON list of doc ids): {ids}; delete it to go on "
+                   "(the documents it named are then redone only when their files change)")
+            raise StoreError(msg)
+        found[path] = ids
+    return found
 
 
 def settle(markers: dict[str, list[str]], worked: set[str]) -> None:
