@@ -21,8 +21,9 @@ POINTS = (
     "batch-embedded",
     "batch-validated",     # a batch finished, not yet handed to the writer
     "chunks-written",      # inside a commit group: chunk rows appended, their documents' older rows not yet deleted
-    "chunks-committed",    # chunks written, their documents rows not yet
-    "documents-committed",  # documents rows written, quarantine rows not yet
+    "chunks-committed",    # chunks written, quarantine and documents rows not yet
+    "quarantine-committed",  # quarantine rows written, documents rows not yet
+    "documents-committed",  # documents rows written (a group's last commit), its in-flight marker not yet removed
     "group-committed",     # one commit group done; later batches not yet committed
     "indexed",             # indexes refreshed, run not yet tagged and published
     "published",           # the run's version tagged and published, runs row not yet written

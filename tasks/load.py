@@ -322,7 +322,7 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
                  embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime,
                  documents_table: str = DOCUMENTS, parts: Callable[[], Iterable[pa.Table]] | None = None,
                  known: pa.Table | None = None, inflight_dir: str | None = None) -> LoadResult:
-    """Commit one group of batches: chunks, then their documents' rows (the commit marker), then quarantine rows.
+    """Commit one group of batches: chunks, then quarantine rows, then their documents' rows (the commit marker).
 
     documents holds the rows this group settles: the batches' documents, and in a run's last group the
     deleted and touched ones too. A crash between two commits leaves chunks whose document row still
@@ -347,14 +347,18 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
                                        ok + deleted, dim, result, num_rows=embedded.num_rows,
                                        new_ids=embedded["chunk_id"].to_pylist(), run_id=run_id)
     failpoint("chunks-committed")
+    # Quarantine rows before the documents rows: those are what tells the next run that this group's documents
+    # are done. Committed after them, a kill in between left the list behind for good: a fixed document still
+    # listed, a newly failed one missing (its documents row already held its hash, so no run did it again).
+    quarantined = quarantine_rows(documents, extracted, run_id, now)
+    result.docs_quarantined = quarantined.num_rows
+    q_version = upsert_keyed(db, QUARANTINE, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
+    failpoint("quarantine-committed")
     doc_rows = document_rows(documents, extracted, embedded, known, settings_fp, run_id, now)
     docs_version = commit_documents(db, doc_rows, deleted, documents_table)
     failpoint("documents-committed")
     if marker is not None:
         inflight.done(marker)
-    quarantined = quarantine_rows(documents, extracted, run_id, now)
-    result.docs_quarantined = quarantined.num_rows
-    q_version = upsert_keyed(db, QUARANTINE, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
     result.versions = {k: v for k, v in {chunks_table: chunks_version, documents_table: docs_version,
                                          QUARANTINE: q_version}.items() if v is not None}
     return result

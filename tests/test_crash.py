@@ -145,6 +145,37 @@ def test_a_run_killed_at_every_stage_boundary_and_inside_the_upsert_converges_wi
         assert table.tags.get_version(PUBLISHED_TAG) == table.version, "the re-run published its last version"
 
 
+def test_a_run_killed_between_its_last_commits_leaves_the_quarantine_list_of_an_uninterrupted_run(
+        pages, write_config, tmp_path):
+    # A page that failed is fixed and another fails: the list loses one and gains the other. Each is its own
+    # commit group (draft first); the kills fall after the first or the second group's quarantine or documents
+    # commit. With the quarantine list committed after the documents rows, a kill in between left the fixed
+    # page listed, or the failed one unlisted, for good: their documents rows already held their new hashes.
+    (pages / "draft.md").write_text("", encoding="utf-8")
+    reference = _config(write_config, pages, "reference")
+    ingest(config_path=str(reference))
+    assert _tables(reference)[2] == ["pages:draft.md"]
+    before = tmp_path / "before"
+    shutil.copytree(tmp_path / "reference", before)
+    (pages / "draft.md").write_text(_page("draft", 10), encoding="utf-8")
+    (pages / "sails.md").write_text("", encoding="utf-8")
+    ingest(config_path=str(reference))
+    expected = _tables(reference)
+    assert expected[2] == ["pages:sails.md"]
+
+    configs = {}
+    for n, point in enumerate(("quarantine-committed", "quarantine-committed@2", "documents-committed",
+                               "documents-committed@2")):
+        shutil.copytree(before, tmp_path / f"q{n}")
+        configs[point] = _config(write_config, pages, f"q{n}")
+    killed = _killed_runs(configs)
+    for point, config in configs.items():
+        code, log = killed[point]
+        assert code == -9, f"{point}: the run was not killed there (exit {code}):\n{log[-3000:]}"
+        ingest(config_path=str(config))
+        assert _tables(config) == expected, f"killed at {point}: the tables differ from an uninterrupted run's"
+
+
 def test_searches_during_a_run_see_the_previous_run_or_the_new_one_never_part_of_it(pages, write_config,
                                                                                      monkeypatch):
     config = _config(write_config, pages, "store")
