@@ -142,7 +142,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
             if plan.name is None:
                 refuse_unindexed_failures(config_path, cfg, failed_sources, known)
             # Documents a killed run was committing: done again even if their files went back to old bytes.
-            markers = inflight.left(_inflight_dir(plan.cfg))
+            markers = {**inflight.left(inflight.legacy_folder(plan.cfg.store.artifacts, plan.cfg.store.chunks_table)),
+                       **inflight.left(_inflight_dir(plan.cfg))}
             interrupted = frozenset(d for ids in markers.values() for d in ids)
             documents, detect_notices = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp,
                                                   plan.cfg, plan.run_dir, retry_quarantined, failed_sources,
@@ -199,7 +200,7 @@ def _suffix(plan: IndexPlan) -> str:
 
 def _inflight_dir(cfg: InletConfig) -> str:
     """Where an index's commit groups leave their in-flight markers (tasks/inflight.py)."""
-    return inflight.folder(cfg.store.artifacts, cfg.store.chunks_table)
+    return inflight.folder(cfg.store.artifacts, cfg.store.uri, cfg.store.chunks_table)
 
 
 def worked_ids(documents: pa.Table) -> set[str]:

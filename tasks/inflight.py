@@ -4,13 +4,14 @@ A group commits its chunks, then its documents rows, whose content hash marks th
 A run killed between the two leaves the new chunks under the old rows; the next run finds the file
 changed and converges, unless the file went back to its old bytes meanwhile: its hash then matches the
 old row, and the chunks of the edit would stay. So before its chunk commit a group leaves a marker naming
-its documents in <artifacts>/inflight/<chunks table>/, and removes it after its documents commit. A run
-reads the markers that killed runs left and does their documents again whatever their hashes say
-(reason "interrupted"), then removes the markers whose documents it settled. One small file a group.
+its documents in <artifacts>/inflight/<chunks table>-<store key>/, and removes it after its documents
+commit. A run reads the markers that killed runs left and does their documents again whatever their hashes
+say (reason "interrupted"), then removes the markers whose documents it settled. One small file a group.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 
@@ -20,8 +21,18 @@ from tasks.artifacts import join, list_names, read_bytes, remove, write_bytes
 FOLDER = "inflight"
 
 
-def folder(artifacts: str, chunks_table: str) -> str:
-    """The markers' folder of one index (its chunks table) under the artifact root."""
+def folder(artifacts: str, store_uri: str, chunks_table: str) -> str:
+    """The markers' folder of one index (a store and its chunks table) under the artifact root.
+
+    Keyed by the store too: two stores that share an artifact root (staging and production, say) would
+    otherwise read, and settle, each other's markers, so a kill in one could go unrepaired.
+    """
+    key = hashlib.sha256(str(store_uri).encode()).hexdigest()[:12]
+    return join(artifacts, FOLDER, f"{chunks_table}-{key}")
+
+
+def legacy_folder(artifacts: str, chunks_table: str) -> str:
+    """Where runs before the store key left their markers: still read, so a marker left then is not lost."""
     return join(artifacts, FOLDER, chunks_table)
 
 

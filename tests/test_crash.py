@@ -12,6 +12,7 @@ from pathlib import Path
 
 import lancedb
 import pytest
+import yaml
 
 from flows.ingest import ingest
 from query import search
@@ -229,11 +230,37 @@ def test_a_file_put_back_after_a_run_was_killed_mid_commit_gets_its_old_chunks_b
         code = zygote.run(config, {"INLET_FAILPOINT": "chunks-committed"}, log)
     assert code == -9, f"the run was not killed there (exit {code}):\n{log.read_text()[-3000:]}"
     cfg = load_config(config)
-    markers = inflight.left(inflight.folder(cfg.store.artifacts, cfg.store.chunks_table))
+    markers = inflight.left(inflight.folder(cfg.store.artifacts, cfg.store.uri, cfg.store.chunks_table))
     assert len(markers) == 1 and [len(ids) for ids in markers.values()] == [1], markers
     assert next(iter(markers.values()))[0].endswith("rigging.md"), markers
     (pages / "rigging.md").write_bytes(original)
     summary = ingest(config_path=str(config))
     assert summary["docs_changed"] == 1, "the put-back file is done again"
     assert _tables(config) == expected, "the edit's chunks stayed"
-    assert inflight.left(inflight.folder(cfg.store.artifacts, cfg.store.chunks_table)) == {}, "marker settled"
+    assert inflight.left(inflight.folder(cfg.store.artifacts, cfg.store.uri, cfg.store.chunks_table)) == {}, "marker settled"
+
+
+def test_a_marker_counts_for_its_own_store_only_and_one_in_the_old_folder_is_still_read(pages, write_config, tmp_path):
+    # Two stores share one artifact root. A marker one of them left names rigging.md: the other store's run does
+    # not take it (nor settle it); its own store's run does the page again and settles it. A marker in the folder
+    # runs used before the store key (per chunks table only) is read and settled too.
+    from tasks import inflight
+
+    staging = _config(write_config, pages, "staging")
+    data = yaml.safe_load(staging.read_text(encoding="utf-8"))
+    data["store"]["uri"] = str(tmp_path / "production" / "lancedb")  # the artifact root stays staging's
+    production = tmp_path / "production.yaml"
+    production.write_text(yaml.safe_dump(data), encoding="utf-8")
+    for config in (staging, production):
+        ingest(config_path=str(config))
+    mine = load_config(staging)
+    marker = inflight.mark(inflight.folder(mine.store.artifacts, mine.store.uri, mine.store.chunks_table), "run-x",
+                           ["pages:rigging.md"])
+    assert ingest(config_path=str(production))["docs_changed"] == 0, "another store's marker is not this store's"
+    assert Path(marker).exists(), "nor does that store settle it"
+    assert ingest(config_path=str(staging))["docs_changed"] == 1
+    assert not Path(marker).exists(), "settled by its own store's run"
+    legacy = inflight.mark(inflight.legacy_folder(mine.store.artifacts, mine.store.chunks_table), "run-y",
+                           ["pages:hull.md"])
+    assert ingest(config_path=str(staging))["docs_changed"] == 1
+    assert not Path(legacy).exists()

@@ -131,7 +131,7 @@ def test_in_flight_markers_are_written_read_and_removed_in_a_bucket(s3, monkeypa
     client.create_bucket(Bucket="marks")
     monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint, "key": "test", "secret": "test",
                                                    "client_kwargs": {"region_name": "us-east-1"}})
-    where = inflight.folder("s3://marks/inlet", "chunks")
+    where = inflight.folder("s3://marks/inlet", "s3://marks/lancedb", "chunks")
     path = inflight.mark(where, "run-1", ["b", "a"])
     assert inflight.left(where) == {path: ["a", "b"]}
     inflight.settle(inflight.left(where), {"a"})
