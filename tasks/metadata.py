@@ -95,32 +95,47 @@ def _automaton_depth(nextmove: np.ndarray, rowbase: np.ndarray) -> int:
 
 
 def _unpacked_model() -> Path:
-    """py3langid's model as a plain .npz beside Inlet's other models, unpacked from its LZMA file once per machine.
+    """py3langid's model as a folder of plain .npy files beside Inlet's other models, unpacked once per machine.
 
-    Unpacking (and finding the automaton's depth) takes ~1 s, paid once per machine; reading the plain file
-    ~20 ms.
+    Unpacking its LZMA file (and finding the automaton's depth) takes ~1 s, paid once per machine. The arrays
+    are then memory-mapped, not read: reading the 68 MB into memory took ~180 ms of every process's first
+    run (bench/README.md), and a classification touches only the pages of the states and features it meets.
     """
     from py3langid import __version__
     from py3langid.langid import MODEL_DIR, MODEL_FILE
 
-    # "-v2": the file now also holds the automaton's depth (tasks/metadata.py); older unpacked files lack it.
-    path = model_cache_dir() / f"py3langid-{__version__}-{Path(MODEL_FILE).name.split('.')[0]}-v2.npz"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        raw = path.with_name(f"{path.stem}.{os.getpid()}.raw.npz")
-        partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npz")
-        try:
-            with lzma.open(MODEL_DIR / MODEL_FILE) as src, raw.open("wb") as dst:
-                shutil.copyfileobj(src, dst, length=1 << 20)
-            with np.load(raw, allow_pickle=False) as unpacked:
-                arrays = {name: unpacked[name] for name in unpacked.files}
-        finally:
-            raw.unlink(missing_ok=True)  # ~40 MB: never left behind, whatever failed
-        rowbase = arrays["nextmove_row"].astype(np.int64) << 8
-        arrays["depth"] = np.array(_automaton_depth(arrays["nextmove"], rowbase))
-        np.savez(partial, **arrays)
-        partial.replace(path)  # atomic: a concurrent process reads the old state or the whole file
+    # "-v3": one .npy per array, with the automaton's depth; older unpacked files (.npz) are left alone.
+    path = model_cache_dir() / f"py3langid-{__version__}-{Path(MODEL_FILE).name.split('.')[0]}-v3"
+    if path.is_dir():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = path.with_name(f"{path.name}.{os.getpid()}.raw.npz")
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    try:
+        with lzma.open(MODEL_DIR / MODEL_FILE) as src, raw.open("wb") as dst:
+            shutil.copyfileobj(src, dst, length=1 << 20)
+        with np.load(raw, allow_pickle=False) as unpacked:
+            arrays = {name: unpacked[name] for name in unpacked.files}
+    finally:
+        raw.unlink(missing_ok=True)  # ~40 MB: never left behind, whatever failed
+    rowbase = arrays["nextmove_row"].astype(np.int64) << 8
+    arrays["depth"] = np.array(_automaton_depth(arrays["nextmove"], rowbase))
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    for name, values in arrays.items():
+        np.save(partial / f"{name}.npy", values, allow_pickle=False)
+    try:
+        partial.rename(path)  # atomic: a concurrent process sees no folder or the whole one
+    except OSError:
+        if not path.is_dir():
+            raise
+        shutil.rmtree(partial, ignore_errors=True)  # another process unpacked it first
     return path
+
+
+def _model_arrays(folder: Path) -> dict[str, np.ndarray]:
+    """The unpacked model's arrays, memory-mapped read-only."""
+    return {f.stem: np.load(f, mmap_mode="r", allow_pickle=False) for f in folder.glob("*.npy")}
 
 
 _LOADING = threading.Lock()
@@ -176,11 +191,11 @@ def _load_language_model() -> object:
             rows = np.take(self._np_half, np.take(self._np_ptc_bits, ids[order], axis=0))
             return np.log1p(counts[order].astype(np.float32)) @ rows + self.nb_pc
 
-    with np.load(_unpacked_model(), allow_pickle=False) as data:
-        # nextmove as a NumPy array: py3langid's own walk indexes it too, for featureless text only.
-        return Identifier(data["ptc"], data["pc"], data["classes"].tolist(), data["nextmove"],
-                          data["out_feat"].tolist(), norm_probs=True, tk_row=_uint_array(data["nextmove_row"]),
-                          depth=int(data["depth"]))
+    data = _model_arrays(_unpacked_model())
+    # nextmove as a NumPy array: py3langid's own walk indexes it too, for featureless text only.
+    return Identifier(data["ptc"], np.array(data["pc"]), data["classes"].tolist(), data["nextmove"],
+                      data["out_feat"].tolist(), norm_probs=True, tk_row=_uint_array(data["nextmove_row"]),
+                      depth=int(data["depth"]))
 
 
 _FENCED = re.compile(r"```.*?```", re.DOTALL)
