@@ -31,6 +31,7 @@ from tasks.batch import (
     merge_usage,
     merge_validation,
     plan_batches,
+    stage_runs,
     warm_up,
     write_batch_documents,
 )
@@ -43,7 +44,7 @@ from tasks.memory import freeze_imports, release_memory, use_lean_allocators
 from tasks.progress import stage_progress
 from tasks.quality import warm as warm_quality
 from tasks.report import report_stage
-from tasks.stage import opaque_value, prepare
+from tasks.stage import opaque_value, prepare, task_if
 from tasks.store import (
     connect,
     is_remote_store,
@@ -54,7 +55,7 @@ from tasks.store import (
 
 # Import-time work that the first run's body paid before: Prefect's task engine and the stages' tasks, and
 # the system's MIME table that the crawl reads (6 ms). A process serving the flow pays them once.
-prepare(crawl_stage, detect_stage, report_stage, upsert_stage, fulltext_stage, publish_stage, *STAGES)
+prepare(report_stage, upsert_stage, fulltext_stage, publish_stage, *STAGES)
 mimetypes.init()
 freeze_imports()  # what the imports above made lives as long as the process: no full collection walks it again
 
@@ -158,19 +159,20 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         batches = clock.run("plan batches", plan_batches, per_index, cfg.execution.batch_docs, cfg.execution.batch_mb,
                             sharing)
         write_batch_documents(per_index, plans, batches)
-        work_bytes = batch_bytes(per_index[0], batches)
+        sizes = batch_bytes(per_index[0], batches)
+        runs = stage_runs(sum(sizes), cfg.execution)  # commits and report as task runs of their own, or plain calls
         del per_index  # the batches read their own share
         writers = [Writer(store, documents, commit_rows=cfg.execution.commit_rows,
                           chunks_table=plan.cfg.store.chunks_table, documents_table=plan.cfg.store.documents_table,
                           dim=embedder_spec(plan.cfg.embedding).dim, settings_fp=settings_fp, run_id=run_id,
                           now=started, batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=known,
-                          inflight_dir=_inflight_dir(plan.cfg))
+                          inflight_dir=_inflight_dir(plan.cfg), stage_runs=runs)
                    for plan, (settings_fp, documents, known, _) in zip(plans, detected)]
         storage = {s.name: s.storage_options for s in cfg.sources if s.uri is not None}
         # Web pages are fetched into the artifact folder: workers read them back with its options.
         storage |= {s.name: cfg.store.artifacts_options for s in cfg.sources if s.kind == "web"}
         done = clock.run("batches", _run_batches, cfg.execution, cfg.extraction, batches, run_dir, plans, storage,
-                         writers, work_bytes)
+                         writers, sizes)
         clock.seconds.update(done["seconds"])
 
         summaries = []
@@ -182,7 +184,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
                 inflight.settle(markers, worked_ids(read_artifact(documents, DOCUMENTS_SCHEMA)))
             clock.seconds.update({k + _suffix(plan): round(v, 3) for k, v in writer.seconds.items()})
             key = "ingest-run-summary" + ("" if plan.name is None else f"-{plan.name}")
-            summaries.append(report_stage(
+            summaries.append(task_if(runs, report_stage)(
                 documents, work["extracted"], work["texts"], loaded, usage=work["usage"], store_uri=store,
                 run_id=run_id, started=started, finished=datetime.now(UTC), config_fp=cfg_i.fingerprint(),
                 stage_seconds=dict(clock.seconds), notices=[*notices, *done["notices"]], run_dir=plan.run_dir,
@@ -220,8 +222,11 @@ def _jobs_dir(cfg: InletConfig) -> str:
 
 
 def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batches: list[list[str]], run_dir: str,
-                 plans: list[IndexPlan], storage: dict[str, dict], writers: list[Writer], work_bytes: int) -> dict:
-    """Run every batch on the task runner; hand each finished batch to the writers in order; return the totals."""
+                 plans: list[IndexPlan], storage: dict[str, dict], writers: list[Writer], sizes: list[int]) -> dict:
+    """Run every batch on the task runner; hand each finished batch to the writers in order; return the totals.
+
+    sizes: each batch's listed bytes.
+    """
     totals = {"indexes": [{"extracted": [], "texts": {}, "usage": {}, "validation": []} for _ in plans],
               "notices": [], "seconds": {}}
     if not batches:
@@ -230,7 +235,7 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
     try:
         if execution.task_runner == "thread":  # batches in this process: load their models meanwhile
             warm_up()
-            if worth_a_pool(work_bytes):
+            if worth_a_pool(sum(sizes)):
                 start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
             # GX's imports (~1.2 s) are paid here, only by a run with a batch to validate, and timed apart: like
             # the flow's other imports, they are start-up, not work. Left to the warm-up thread they held the
@@ -246,7 +251,8 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
                 stage_progress("batches", sum(len(b) for b in batches)) as advance:
             try:  # the Dask client connects on the first submission
                 futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": unwalked(extraction),
-                                                       "plans": unwalked(plans), "storage": unwalked(storage)})
+                                                       "plans": unwalked(plans), "storage": unwalked(storage),
+                                                       "stage_runs": stage_runs(sizes[n], execution)})
                            for n in range(len(batches))]
             except OSError as exc:
                 if execution.dask_address is None:  # not a cluster we were pointed at

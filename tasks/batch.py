@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from providers import tokenizer
 from providers.embedders import embedder_spec
 from schemas.arrow import DOCUMENTS_SCHEMA, REFRESH_ENRICHMENT, embedded_chunks_schema
-from schemas.config import ExtractionConfig, InletConfig
+from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig
 from tasks.artifacts import (
     batch_dir,
     join,
@@ -35,7 +35,7 @@ from tasks.progress import quiet_stages
 from tasks.quality import validate_stage
 from tasks.refresh import refresh_ids, refresh_stage
 from tasks.report import text_counts
-from tasks.stage import Stage
+from tasks.stage import task_if
 from tasks.store import use_store_options
 from tasks.variants import extraction_todo_stage, for_variant_stage
 
@@ -98,10 +98,11 @@ def plan_batches(per_index: list[pa.Table], batch_docs: int, batch_mb: float, wo
     return batches
 
 
-def batch_bytes(documents: pa.Table, batches: list[list[str]]) -> int:
-    """Listed bytes of the documents the batches will process. Pure."""
-    planned = pc.is_in(documents["doc_id"], pa.array([d for ids in batches for d in ids], pa.string()))
-    return int(pc.sum(pc.fill_null(documents.filter(planned)["size"], 0)).as_py() or 0)
+def batch_bytes(documents: pa.Table, batches: list[list[str]]) -> list[int]:
+    """Listed bytes of each batch's documents. Pure."""
+    planned = documents.filter(pc.is_in(documents["doc_id"], pa.array([d for ids in batches for d in ids], pa.string())))
+    size_of = dict(zip(planned["doc_id"].to_pylist(), planned["size"].to_pylist()))
+    return [sum(size_of.get(d) or 0 for d in ids) for ids in batches]
 
 
 def write_batch_documents(per_index: list[pa.Table], plans: list[IndexPlan], batches: list[list[str]]) -> None:
@@ -139,13 +140,13 @@ def _timed(seconds: dict[str, float], name: str, fn: Callable[..., Any], *args: 
         seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def _task_if(work: bool, stage: Stage) -> Callable[..., Any]:
-    """The stage as its Prefect task when it has work to do; else its plain function."""
-    return stage if work else stage.fn
+def stage_runs(nbytes: int, execution: ExecutionConfig) -> bool:
+    """Tell whether a batch of nbytes listed bytes runs its stages as task runs of their own (execution.stage_runs_mb)."""
+    return nbytes >= execution.stage_runs_mb * 1024 * 1024
 
 
 def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, shared: bool,
-                 seconds: dict[str, float]) -> dict:
+                 seconds: dict[str, float], runs: bool) -> dict:
     """Chunk, enrich, embed and validate one batch for one index; return its artifacts, counts and usage."""
     cfg, here = plan.cfg, batch_dir(plan.run_dir, number)
     store, table = cfg.store.uri, cfg.store.chunks_table
@@ -155,12 +156,13 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
         lambda seconds, name, *args: _timed(seconds, f"{name} {plan.name}", *args))
     # Stages with nothing to do in this batch run as plain calls inside the batch's task run, not as task runs of
     # their own: each would cost ~5 ms of Prefect and three events for the server, and a UI row saying "did nothing".
-    refresh = _task_if(bool(refresh_ids(read_artifact(documents, DOCUMENTS_SCHEMA))), refresh_stage)
-    enrich = _task_if(cfg.enrichment.enabled, enrich_stage)
-    validate = _task_if(cfg.quality.enabled, validate_stage)
+    refresh = task_if(runs and bool(refresh_ids(read_artifact(documents, DOCUMENTS_SCHEMA))), refresh_stage)
+    enrich = task_if(runs and cfg.enrichment.enabled, enrich_stage)
+    validate = task_if(runs and cfg.quality.enabled, validate_stage)
     if shared:  # several indexes: this one takes the documents it reprocesses from the shared extraction
-        elements, extracted = timed(seconds, "select", for_variant_stage, elements, extracted, documents, here)
-    chunks = timed(seconds, "chunk", chunk_stage, elements, cfg.chunking, here)
+        elements, extracted = timed(seconds, "select", task_if(runs, for_variant_stage), elements, extracted,
+                                    documents, here)
+    chunks = timed(seconds, "chunk", task_if(runs, chunk_stage), elements, cfg.chunking, here)
     failpoint("batch-chunked")
     # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.
     chunks, extracted = timed(seconds, "refresh", refresh, documents, chunks, extracted, store, table, here)
@@ -168,8 +170,8 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
         enriched = timed(seconds, "enrich", enrich, chunks, extracted, cfg.enrichment, cfg.pricing, store,
                           table, here, plan.jobs_dir)
         failpoint("batch-enriched")
-        embedded = timed(seconds, "embed", embed_stage, enriched["path"], extracted, cfg.embedding, cfg.enrichment,
-                          cfg.pricing, store, table, here, plan.jobs_dir)
+        embedded = timed(seconds, "embed", task_if(runs, embed_stage), enriched["path"], extracted, cfg.embedding,
+                         cfg.enrichment, cfg.pricing, store, table, here, plan.jobs_dir)
         key = "embed model" if plan.name is None else f"embed model {plan.name}"
         seconds[key] = seconds.get(key, 0.0) + embedded.get("model_seconds", 0.0)  # inside the embedder's calls
         failpoint("batch-embedded")
@@ -184,12 +186,13 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
 
 @task(name="batch", task_run_name="batch-{number}", cache_policy=NO_CACHE)
 def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: list[IndexPlan],
-                storage: dict[str, dict]) -> dict:
+                storage: dict[str, dict], stage_runs: bool = True) -> dict:
     """Extract one batch once, then chunk, enrich, embed and validate it for every index.
 
-    Returns {"indexes": one result per plan, "notices": [...], "seconds": {stage: seconds}, "span": its start
-    and end, wall clock}; every table it made is an artifact under the batch's folder, so the batch may run
-    on another machine.
+    stage_runs: each stage with work to do is a task run of its own (else all run inside this one; see
+    ExecutionConfig.stage_runs_mb). Returns {"indexes": one result per plan, "notices": [...], "seconds":
+    {stage: seconds}, "span": its start and end, wall clock}; every table it made is an artifact under the
+    batch's folder, so the batch may run on another machine.
     """
     store = plans[0].cfg.store
     use_storage_options(store.artifacts, store.artifacts_options)  # a worker process starts without them
@@ -199,10 +202,12 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
     with quiet_stages():
         here = batch_dir(run_dir, number)
         documents = [join(batch_dir(p.run_dir, number), "documents.parquet") for p in plans]
-        todo = documents[0] if len(plans) == 1 else extraction_todo_stage(documents, here)
-        elements, extracted, notices = _timed(seconds, "extract", extract_stage, todo, extraction, here, storage)
+        todo = documents[0] if len(plans) == 1 else task_if(stage_runs, extraction_todo_stage)(documents, here)
+        elements, extracted, notices = _timed(seconds, "extract", task_if(stage_runs, extract_stage), todo,
+                                              extraction, here, storage)
         failpoint("batch-extracted")
-        results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, seconds) for plan in plans]
+        results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, seconds, stage_runs)
+                   for plan in plans]
     failpoint("batch-validated")
     return {"indexes": results, "notices": notices, "seconds": seconds, "span": (began, time.time())}
 

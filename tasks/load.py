@@ -30,9 +30,10 @@ from tasks.artifacts import read_artifact
 from tasks.enrich import failed_mask
 from tasks.failpoints import failpoint
 from tasks.memory import release_memory
-from tasks.stage import stage
+from tasks.stage import stage, task_if
 from tasks.store import (
     DOCUMENTS,
+    IN_BATCH,
     QUARANTINE,
     connect,
     ensure_columns,
@@ -192,19 +193,27 @@ def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | pa.Recor
 
 
 def upsert_keyed(db: lancedb.DBConnection, name: str, key: str, rows: pa.Table, schema: pa.Schema,
-                 delete_ids: list[str]) -> int | None:
-    """Upsert rows by key and delete delete_ids in one commit, creating the table if needed; return its version."""
+                 delete_ids: list[str], *, held: bool = False) -> int | None:
+    """Upsert rows by key and delete delete_ids in one commit, creating the table if needed; return its version.
+
+    held: the caller knows the table holds every id of delete_ids (else they are looked up first).
+    """
     table = open_table(db, name)
     if table is None:
         if rows.num_rows == 0:
             return None
         return db.create_table(name, conform(rows, schema), schema=schema).version
     ensure_columns(table, schema)
+    if delete_ids and not held:
+        # Only ids the table holds: a delete that matches nothing would still cost a commit. A count first, one
+        # round trip: most runs have none of them (the quarantine list is mostly empty), and a select is ~4 ms.
+        where = f"{key} IN ({sql_list(delete_ids)})"
+        present = (select_where_in(table, key, delete_ids, [key], schema)[key].to_pylist()
+                   if len(delete_ids) > IN_BATCH or table.count_rows(where) else [])
+        delete_ids = present
     if delete_ids:
-        # Only ids the table holds: a delete that matches nothing would still cost a commit.
-        present = select_where_in(table, key, delete_ids, [key], schema)[key].to_pylist()
         upserted = set(rows[key].to_pylist())
-        delete_ids = [i for i in present if i not in upserted]
+        delete_ids = [i for i in delete_ids if i not in upserted]
     if rows.num_rows == 0 and not delete_ids:
         return table.version
     if rows.num_rows == 0:
@@ -218,7 +227,8 @@ def upsert_keyed(db: lancedb.DBConnection, name: str, key: str, rows: pa.Table, 
 
 def commit_documents(db: lancedb.DBConnection, rows: pa.Table, deleted: list[str], name: str = DOCUMENTS) -> int | None:
     """Write document rows: the content hash in them marks their chunks as committed."""
-    return upsert_keyed(db, name, "doc_id", rows, DOCUMENT_ROWS_SCHEMA, deleted)
+    # Deleted documents are the stored ones a run no longer finds: the table holds them (one writer at a time).
+    return upsert_keyed(db, name, "doc_id", rows, DOCUMENT_ROWS_SCHEMA, deleted, held=True)
 
 
 # Rows added after the full-text index was built are still found (searched without the index);
@@ -444,8 +454,10 @@ class Writer:
 
     def __init__(self, store_uri: str, documents_path: str, *, commit_rows: int, chunks_table: str,
                  documents_table: str, dim: int, settings_fp: str, run_id: str, now: datetime, batches: int = 0,
-                 fulltext_index: bool = False, known: pa.Table | None = None, inflight_dir: str | None = None) -> None:
+                 fulltext_index: bool = False, known: pa.Table | None = None, inflight_dir: str | None = None,
+                 stage_runs: bool = True) -> None:
         self._store, self._documents, self._commit_rows = store_uri, documents_path, commit_rows
+        self._runs = stage_runs  # commits and publishing as task runs of their own (a small run's are plain calls)
         # known: the documents table read at the run's start, so that no group reads it again (see commit_group).
         self._args = {"chunks_table": chunks_table, "documents_table": documents_table, "dim": dim,
                       "settings_fp": settings_fp, "run_id": run_id, "now": now, "known": known,
@@ -477,13 +489,13 @@ class Writer:
             self._commit(last=False)
             if self._fulltext:
                 start = time.perf_counter()
-                fulltext_stage(self._store, self._args["chunks_table"])
+                task_if(self._runs, fulltext_stage)(self._store, self._args["chunks_table"])
                 self.seconds["index"] = time.perf_counter() - start
 
     def _commit(self, *, last: bool) -> None:
         start = time.perf_counter()
-        done = upsert_stage(self._store, self._documents, [b["extracted"] for b in self._pending],
-                            [b["embedded"] for b in self._pending], last=last, **self._args)
+        done = task_if(self._runs, upsert_stage)(self._store, self._documents, [b["extracted"] for b in self._pending],
+                                                 [b["embedded"] for b in self._pending], last=last, **self._args)
         uncommitted.forget(b["embedded"].rsplit("/", 1)[0] for b in self._pending)
         self._pending = []
         self._committed = True
@@ -508,8 +520,8 @@ class Writer:
             self.result.versions[self._args["chunks_table"]] = table.version
             self.seconds["publish"] = time.perf_counter() - start
             return asdict(self.result)
-        published = publish_stage(self._store, self._args["chunks_table"], self._args["run_id"],
-                                  fulltext_index=fulltext_index, ann_min_rows=ann_min_rows)
+        published = task_if(self._runs, publish_stage)(self._store, self._args["chunks_table"], self._args["run_id"],
+                                                       fulltext_index=fulltext_index, ann_min_rows=ann_min_rows)
         self.seconds["publish"] = time.perf_counter() - start
         self.result.indexes = published["indexes"]
         if published["version"] is not None:

@@ -20,7 +20,7 @@ from schemas.errors import StoreBusyError, StoreError
 DOCUMENTS = "documents"
 RUNS = "runs"
 QUARANTINE = "quarantine"
-_IN_BATCH = 5000  # keys per IN (...) filter: keeps each SQL predicate small
+IN_BATCH = 5000  # keys per IN (...) filter: keeps each SQL predicate small
 # Lance file format for new tables. 2.2 (this LanceDB's default) compresses data blocks, so fetching
 # the ~17 columns of 10 search hits from 1M rows took ~39 ms; 2.1, the format Lance marks stable, takes
 # ~6 ms at the same size on disk (bench/README.md). Tables already written keep their own format.
@@ -56,15 +56,18 @@ def table_names(db: lancedb.DBConnection) -> set[str]:
 
 
 def open_table(db: lancedb.DBConnection, name: str) -> lancedb.table.Table | None:
-    """Open a table, or return None when it does not exist yet."""
-    if name not in table_names(db):
-        return None
+    """Open a table, or return None when it does not exist yet.
+
+    Opened straight away, not looked up in the table list first: a run opens tables ~10 times, and each
+    listing was a round trip to the store (~0.6 ms here, more on object storage).
+    """
     try:
         return db.open_table(name)
     except ValueError as exc:
+        # LanceDB's word for no such table, and for a folder whose writer has not finished creating it.
         if "was not found" not in str(exc):
             raise
-        return None  # its folder is there but the run's writer has not finished creating it: nothing to read yet
+        return None
 
 
 def tagged_version(table: lancedb.table.Table, tag: str) -> int | None:
@@ -88,8 +91,8 @@ def select_where_in(table: lancedb.table.Table | None, column: str, values: Iter
     values = sorted(set(values))
     parts = [pa.Table.from_pylist([], schema=pa.schema([schema.field(c) for c in columns]))]
     if table is not None:
-        for i in range(0, len(values), _IN_BATCH):
-            where = f"{column} IN ({sql_list(values[i : i + _IN_BATCH])})"
+        for i in range(0, len(values), IN_BATCH):
+            where = f"{column} IN ({sql_list(values[i : i + IN_BATCH])})"
             parts.append(table.search().where(where).select(columns).limit(None).to_arrow())
     return pa.concat_tables([conform(p, parts[0].schema) for p in parts])
 
@@ -106,8 +109,8 @@ def select_one_per_key(table: lancedb.table.Table | None, column: str, values: I
     values = sorted(set(values))
     if table is None or not values:
         return wanted.empty_table()
-    found = [table.search().where(f"{column} IN ({sql_list(values[i : i + _IN_BATCH])})").select([column])
-             .with_row_id(True).limit(None).to_arrow() for i in range(0, len(values), _IN_BATCH)]
+    found = [table.search().where(f"{column} IN ({sql_list(values[i : i + IN_BATCH])})").select([column])
+             .with_row_id(True).limit(None).to_arrow() for i in range(0, len(values), IN_BATCH)]
     first = (pa.concat_tables(found).group_by(column, use_threads=False).aggregate([("_rowid", "min")])
              ["_rowid_min"].to_pylist())
     if not first:

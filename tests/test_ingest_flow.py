@@ -314,12 +314,14 @@ def task_names(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_stages_with_nothing_to_do_in_a_batch_make_no_task_run_and_change_no_result(corpus, write_config,
                                                                                    task_names, caplog):
     # Each task run costs ~5 ms and events for the server; a stage with nothing to do runs inside the batch's.
-    on = ingest(config_path=str(write_config(corpus)))
+    every = {"stage_runs_mb": 0}  # a task run per stage with work, however small the batch
+    on = ingest(config_path=str(write_config(corpus, execution=every)))
     assert {"extract", "chunk", "enrich", "embed", "validate"} <= set(task_names)
     assert "refresh enrichment" not in task_names, "no document's enrichment alone was stale"
 
     task_names.clear()
-    off = write_config(corpus, name="off.yaml", store="off", enrichment={"enabled": False}, quality={"enabled": False})
+    off = write_config(corpus, name="off.yaml", store="off", enrichment={"enabled": False}, quality={"enabled": False},
+                       execution=every)
     summary = ingest(config_path=str(off))
     assert {"extract", "chunk", "embed"} <= set(task_names)
     assert not {"enrich", "validate", "refresh enrichment"} & set(task_names), task_names
@@ -330,3 +332,23 @@ def test_stages_with_nothing_to_do_in_a_batch_make_no_task_run_and_change_no_res
     # The log says so, rather than counting every chunk as a reused enrichment.
     assert f"enrichment is off: {len(chunks)} chunks go on without one" in caplog.text
     assert f"enriched 0 of {len(chunks)} chunks" not in caplog.text
+
+
+def test_a_small_run_makes_one_task_run_per_batch_and_the_same_tables_as_one_with_a_task_run_per_stage(
+        corpus, write_config, task_names, caplog):
+    """Below execution.stage_runs_mb the stages are plain calls: Prefect's ~8 ms a task run was a quarter of a 1% run."""
+    first = write_config(corpus)
+    small = ingest(config_path=str(first))
+    # The batches are submitted to the task runner, which this spy does not see; nothing else is a task run.
+    assert task_names == [], "crawl, detection, the stages, commit, publish and report: no task run of their own"
+    assert "documents: 5 new, 0 changed, 0 unchanged, 0 deleted" in caplog.text, "their log lines are still there"
+    assert {"crawl", "detect", "extract", "chunk", "embed", "validate", "upsert", "publish"} <= set(small["stage_seconds"])
+
+    task_names.clear()
+    every = write_config(corpus, name="every.yaml", store="every", execution={"stage_runs_mb": 0})
+    each = ingest(config_path=str(every))
+    assert {"extract", "chunk", "enrich", "embed", "validate", "upsert", "publish", "report"} <= set(task_names)
+    assert not {"crawl", "detect changes"} & set(task_names), "the flow itself lists and classifies"
+    counts = [k for k in small if k.startswith(("docs_", "chunks_", "texts_"))]
+    assert {k: small[k] for k in counts} == {k: each[k] for k in counts}
+    assert _tables(first) == _tables(every), "the same documents and chunks, vectors included"

@@ -32,7 +32,7 @@ def test_a_key_stored_by_many_chunks_comes_back_once_with_its_columns(table):
 
 
 def test_keys_split_over_several_filters_still_come_back_once(table, monkeypatch):
-    monkeypatch.setattr(tasks.store, "_IN_BATCH", 1)
+    monkeypatch.setattr(tasks.store, "IN_BATCH", 1)
     got = select_one_per_key(table, "embed_key", ["k0", "k1", "k2"], ["embed_key"], SCHEMA)
     assert sorted(got["embed_key"].to_pylist()) == ["k0", "k1", "k2"]
 
@@ -122,3 +122,23 @@ def test_a_chunk_commit_replaces_the_documents_chunks_and_clears_what_a_killed_r
         ("d1", "a", "run-3"), ("d1", "n", "run-3"), ("d2", "c", "run-1")]
     assert (result.chunks_added, result.chunks_reused, result.chunks_written) == (1, 1, 2)
     assert result.chunks_removed == 2, "b and z lost; a kept (its older copies replaced)"
+
+
+def test_a_keyed_upsert_deletes_only_ids_the_table_holds_and_commits_nothing_for_none(tmp_path):
+    from tasks.load import upsert_keyed
+    from tasks.store import connect, open_table
+
+    schema = pa.schema([pa.field("doc_id", pa.string()), pa.field("reason", pa.string())])
+    db = connect(tmp_path / "db")
+    assert open_table(db, "quarantine") is None, "no such table: None, not an error"
+    rows = pa.table({"doc_id": ["a", "b"], "reason": ["x", "y"]}, schema=schema)
+    first = upsert_keyed(db, "quarantine", "doc_id", rows, schema, [])
+    # None of them held: counted, not selected, and no commit (the version stays).
+    assert upsert_keyed(db, "quarantine", "doc_id", schema.empty_table(), schema, ["c", "d"]) == first
+    # "a" is held and goes; "c" is not; "b" is upserted again, so it stays whatever the list says.
+    version = upsert_keyed(db, "quarantine", "doc_id", rows.slice(1), schema, ["a", "b", "c"])
+    assert version > first
+    assert open_table(db, "quarantine").to_arrow().to_pylist() == [{"doc_id": "b", "reason": "y"}]
+    # held: the caller vouches for the ids; they are deleted without a look-up.
+    upsert_keyed(db, "quarantine", "doc_id", schema.empty_table(), schema, ["b"], held=True)
+    assert open_table(db, "quarantine").count_rows() == 0
