@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import mimetypes
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,6 +29,7 @@ from tasks.artifacts import is_remote, join, read_artifact, use_storage_options
 from tasks.batch import (
     STAGES,
     IndexPlan,
+    InThisThread,
     batch_bytes,
     batch_stage,
     merge_usage,
@@ -61,6 +65,8 @@ freeze_imports()  # what the imports above made lives as long as the process: no
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
+A = TypeVar("A")
+H = TypeVar("H")
 
 
 class _StageClock:
@@ -130,9 +136,14 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
 
     # One writer at a time: a second run against this store is refused (or waits) before it reads anything.
     with writer_lock(cfg.store.uri, run_id, cfg.store.lock_wait_s):
-        # The main index's documents give web pages their validators (ETag) for conditional requests.
-        known_main = known_documents(connect(store), cfg.store.documents_table)
-        listing, failed_sources, crawl_notices = clock.run("crawl", crawl_stage, cfg, run_dir, known_main)
+        read_known = lambda: known_documents(connect(store), cfg.store.documents_table)  # noqa: E731
+        if any(src.kind == "web" for src in cfg.sources):
+            # The main index's documents give web pages their validators (ETag) for conditional requests.
+            known_main = read_known()
+            listing, failed_sources, crawl_notices = clock.run("crawl", crawl_stage, cfg, run_dir, known_main)
+        else:  # a listing needs no stored row: the store is read meanwhile (LanceDB's work, off the interpreter lock)
+            known_main, (listing, failed_sources, crawl_notices) = _beside(
+                read_known, lambda: clock.run("crawl", crawl_stage, cfg, run_dir, None))
         failpoint("crawled")
         detected = []
         for plan, notices in variants:
@@ -221,6 +232,28 @@ def _jobs_dir(cfg: InletConfig) -> str:
     return str(Path.home() / ".inlet" / BATCH_JOBS_DIR / hashlib.sha256(cfg.store.uri.encode()).hexdigest()[:12])
 
 
+def _beside(aside: Callable[[], A], here: Callable[[], H]) -> tuple[A, H]:
+    """Run aside in a helper thread while here runs in this one; return both results, raising what aside raised."""
+    done: list = []
+
+    def run() -> None:
+        try:
+            done.append((True, aside()))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the calling thread below
+            done.append((False, exc))
+
+    helper = threading.Thread(target=run, name="inlet-beside", daemon=True)
+    helper.start()
+    try:
+        mine = here()
+    finally:
+        helper.join()
+    ok, theirs = done[0]
+    if not ok:
+        raise theirs
+    return theirs, mine
+
+
 def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batches: list[list[str]], run_dir: str,
                  plans: list[IndexPlan], storage: dict[str, dict], writers: list[Writer], sizes: list[int]) -> dict:
     """Run every batch on the task runner; hand each finished batch to the writers in order; return the totals.
@@ -234,20 +267,21 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
     spans: list[tuple[float, float]] = []
     try:
         if execution.task_runner == "thread":  # batches in this process: load their models meanwhile
-            warm_up()
+            # GX's imports (~1.2 s) are paid here, only by a run with a batch to validate, and timed apart: like
+            # the flow's other imports, they are start-up, not work. The models load in this thread meanwhile
+            # (a lone batch runs here too). Had GX imported while the batch ran, it would have held the
+            # interpreter lock against the batch, which then took as long as the two one after the other.
+            start = time.perf_counter()
+            _beside(warm_quality, warm_up)
+            totals["seconds"]["import gx"] = time.perf_counter() - start
             if worth_a_pool(sum(sizes)):
                 start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
-            # GX's imports (~1.2 s) are paid here, only by a run with a batch to validate, and timed apart: like
-            # the flow's other imports, they are start-up, not work. Left to the warm-up thread they held the
-            # interpreter lock against the first batch, which then took as long as the two one after the other.
-            start = time.perf_counter()
-            warm_quality()
-            totals["seconds"]["import gx"] = time.perf_counter() - start
         # Batches in this process take what earlier ones sent to the models before the writer commits it.
         shared = uncommitted.sharing() if execution.task_runner == "thread" else contextlib.nullcontext()
         # Prefect's annotations do not survive pickling (an opaque comes back wrapping a tuple): only threads get them.
         unwalked = opaque_value if execution.task_runner == "thread" else lambda value: value
-        with shared, make_task_runner(execution) as runner, \
+        lone = execution.task_runner == "thread" and len(batches) == 1  # nothing to run beside it: run it here
+        with shared, InThisThread() if lone else make_task_runner(execution) as runner, \
                 stage_progress("batches", sum(len(b) for b in batches)) as advance:
             try:  # the Dask client connects on the first submission
                 futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": unwalked(extraction),

@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 from schemas.arrow import embedded_chunks_schema
 from tasks.artifacts import (
     _RecentWrites,
-    dictionary_columns,
     read_artifact,
     write_artifact,
 )
@@ -38,26 +37,20 @@ def _filler(kind: pa.DataType, rows: int) -> pa.Array:
     return pa.nulls(rows, kind)
 
 
-def test_vectors_are_written_without_a_dictionary_and_the_other_columns_with_one(tmp_path: Path) -> None:
-    table = _embedded(40, 8)
-    path = write_artifact(table, tmp_path, "embedded_chunks", table.schema)
-    group = pq.ParquetFile(path).metadata.row_group(0)
-    encodings = {group.column(i).path_in_schema.split(".")[0]: group.column(i).encodings
-                 for i in range(group.num_columns)}
-    assert not any("DICTIONARY" in e for e in encodings["vector"])
-    assert any("DICTIONARY" in e for e in encodings["doc_id"])
-
-
 def test_an_embedded_table_reads_back_exactly_as_written(tmp_path: Path) -> None:
     table = _embedded(40, 8)
     path = write_artifact(table, tmp_path, "embedded_chunks", table.schema)
     assert read_artifact(path, table.schema).equals(table)
 
 
-def test_only_lists_of_floats_are_left_out_of_dictionary_encoding() -> None:
-    schema = pa.schema([("vector", pa.list_(pa.float32(), 4)), ("scores", pa.list_(pa.float64())),
-                        ("tags", pa.list_(pa.string())), ("doc_id", pa.string()), ("page", pa.int32())])
-    assert dictionary_columns(schema) == ["tags", "doc_id", "page"]
+def test_an_artifact_is_written_without_dictionaries_or_statistics_and_reads_back_whole(tmp_path: Path) -> None:
+    table = _embedded(12, 4)
+    path = write_artifact(table, tmp_path, "embedded_chunks", table.schema)
+    meta = pq.ParquetFile(path).metadata
+    columns = [meta.row_group(0).column(i) for i in range(meta.num_columns)]
+    assert not any(c.has_dictionary_page or any("DICTIONARY" in e for e in c.encodings) for c in columns)
+    assert all(c.statistics is None for c in columns)
+    assert pq.read_table(path).cast(table.schema).equals(table)
 
 
 def test_a_stage_reads_back_what_this_process_just_wrote_without_parsing_the_file(tmp_path: Path,

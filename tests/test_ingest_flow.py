@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 import lancedb
@@ -339,8 +340,8 @@ def test_a_small_run_makes_one_task_run_per_batch_and_the_same_tables_as_one_wit
     """Below execution.stage_runs_mb the stages are plain calls: Prefect's ~8 ms a task run was a quarter of a 1% run."""
     first = write_config(corpus)
     small = ingest(config_path=str(first))
-    # The batches are submitted to the task runner, which this spy does not see; nothing else is a task run.
-    assert task_names == [], "crawl, detection, the stages, commit, publish and report: no task run of their own"
+    # A lone batch is a task run in the flow's own thread (a spy on Task.__call__ sees it); nothing else is one.
+    assert task_names == ["batch"], "crawl, detection, the stages, commit, publish and report: no task run of their own"
     assert "documents: 5 new, 0 changed, 0 unchanged, 0 deleted" in caplog.text, "their log lines are still there"
     assert {"crawl", "detect", "extract", "chunk", "embed", "validate", "upsert", "publish"} <= set(small["stage_seconds"])
 
@@ -352,3 +353,11 @@ def test_a_small_run_makes_one_task_run_per_batch_and_the_same_tables_as_one_wit
     counts = [k for k in small if k.startswith(("docs_", "chunks_", "texts_"))]
     assert {k: small[k] for k in counts} == {k: each[k] for k in counts}
     assert _tables(first) == _tables(every), "the same documents and chunks, vectors included"
+
+
+def test_work_done_beside_the_flows_thread_returns_its_result_and_raises_its_error():
+    from flows.ingest import _beside
+
+    assert _beside(lambda: threading.current_thread().name, lambda: "here") == ("inlet-beside", "here")
+    with pytest.raises(ValueError, match="store unreadable"):
+        _beside(lambda: (_ for _ in ()).throw(ValueError("store unreadable")), lambda: "here")
