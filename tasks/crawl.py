@@ -7,6 +7,7 @@ import hashlib
 import json
 import mimetypes
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -136,6 +137,11 @@ class Listed:
     rows: list[dict] = field(default_factory=list)
     failure: str | None = None
     notices: list[str] = field(default_factory=list)
+    table: pa.Table | None = None  # the rows as a listing table already (folder sources)
+
+    def listing(self) -> pa.Table:
+        """The rows as a listing table."""
+        return self.table if self.table is not None else pa.Table.from_pylist(self.rows, schema=LISTING_SCHEMA)
 
 
 def list_bundle(src: SourceConfig) -> Listed:
@@ -267,16 +273,39 @@ def list_source(src: SourceConfig, known: dict[str, dict] | None = None, fetched
         files = matching_files(src.path, src.include, src.exclude, outside)
     except OSError as exc:
         return Listed(failure=f"folder {src.path} could not be listed ({exc})")
-    rows = []
-    plain = None if src.metadata_rules else metadata_fields(src)  # the same for every file: made once
-    for rel, path, stat in files:
-        rows.append({"doc_id": f"{src.name}:{rel}", "source": src.name, "path": path,
-                     "uri": file_uri(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                     "mime": _mime(_suffix(path)), **(plain or metadata_fields(src, rel))})
     shown = ", ".join(outside[:5]) + (" ..." if len(outside) > 5 else "")
     notice = f"source '{src.name}': {len(outside)} symlinked file(s) lead outside {src.path}, not crawled: {shown}"
-    notices = [notice] if outside else []
-    return Listed(rows, None, notices)
+    return Listed(table=folder_listing(src, files), notices=[notice] if outside else [])
+
+
+_SAFE_IN_URI = re.compile(r"[A-Za-z0-9_.~/-]*").fullmatch  # what quote() leaves as it is
+
+
+def _uris(files: list[tuple[str, str, os.stat_result]]) -> list[str]:
+    """file_uri of every path, quoting each folder prefix once and a relative path only when it needs it."""
+    prefixes: dict[str, str] = {}
+    uris = []
+    for rel, path, _ in files:
+        prefix = path[: len(path) - len(rel)]  # the source folder, the same for all: quoting is byte by byte
+        head = prefixes.get(prefix) or prefixes.setdefault(prefix, file_uri(prefix))
+        uris.append(head + (rel if _SAFE_IN_URI(rel) else quote_from_bytes(os.fsencode(rel))))
+    return uris
+
+
+def folder_listing(src: SourceConfig, files: list[tuple[str, str, os.stat_result]]) -> pa.Table:
+    """A folder source's listing rows, built column by column (a dict per file cost more than the listing itself)."""
+    n = len(files)
+    if src.metadata_rules:
+        metas = [metadata_fields(src, rel) for rel, _, _ in files]
+        meta = {k: [m[k] for m in metas] for k in (metas[0] if metas else {})}
+    else:
+        meta = {k: [v] * n for k, v in metadata_fields(src).items()}  # the same for every file: made once
+    columns = {"doc_id": [f"{src.name}:{rel}" for rel, _, _ in files], "source": [src.name] * n,
+               "path": [path for _, path, _ in files], "uri": _uris(files),
+               "size": [stat.st_size for _, _, stat in files], "mtime_ns": [stat.st_mtime_ns for _, _, stat in files],
+               "mime": [_mime(_suffix(rel)) for rel, _, _ in files], **meta}
+    return pa.Table.from_pydict({f.name: columns.get(f.name, [None] * n) for f in LISTING_SCHEMA},
+                                schema=LISTING_SCHEMA)
 
 
 def crawl_sources(cfg: InletConfig, known: pa.Table | None = None,
@@ -288,17 +317,20 @@ def crawl_sources(cfg: InletConfig, known: pa.Table | None = None,
     # Only web sources read the known rows (their validators): no Python copy of the table otherwise.
     web = known is not None and any(src.kind == "web" for src in cfg.sources)
     by_id = {r["doc_id"]: r for r in known.to_pylist()} if web else {}
-    rows: list[dict] = []
+    parts: list[pa.Table] = []
     failed: dict[str, str] = {}
     notices: list[str] = []
     max_bytes = int(cfg.extraction.max_file_mb * 1024 * 1024)
     for src in cfg.sources:
         listed = list_source(src, by_id, join(run_dir, "fetched", src.name), max_bytes)
-        rows.extend(listed.rows)
+        parts.append(listed.listing())
         notices.extend(listed.notices)
         if listed.failure:
             failed[src.name] = listed.failure
-    return pa.Table.from_pylist(rows, schema=LISTING_SCHEMA), failed, notices
+    parts = [t for t in parts if t.num_rows]
+    if len(parts) <= 1:
+        return (parts[0] if parts else LISTING_SCHEMA.empty_table()), failed, notices
+    return pa.concat_tables(parts).combine_chunks(), failed, notices
 
 
 def crawl_stage(cfg: InletConfig, run_dir: str, known: pa.Table | None = None) -> tuple[str, dict[str, str], list[str]]:

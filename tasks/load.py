@@ -256,9 +256,11 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
     rows = table.count_rows()
     if rows == 0:
         return {}
+    # One look at the indexes serves the checks below; it is taken again only after something was built or folded.
+    coverage = index_coverage(table)
     # The builds are a run's largest allocations (at 864k rows the vector index adds ~680 MB, the full-text one
     # less): the larger first, each after freed pages have gone back to the system (bench/README.md, 100k).
-    if rows >= ann_min_rows and _unindexed(table, "vector")[0] is None:
+    if rows >= ann_min_rows and "vector" not in coverage:
         release_memory()
         # HNSW graphs inside IVF partitions with 8-bit scalar quantisation: high recall without a refine step.
         # About 4,000 rows a partition: at 1M rows, 256 partitions gave recall@10 0.95 and built in 2.4 min,
@@ -268,12 +270,15 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
         # Every search prefilters on clearance and expiry: scalar indexes keep that from scanning the table.
         table.create_index("access_level", config=Bitmap(), replace=True)
         table.create_index("expires_at", config=BTree(), replace=True)
-    if fulltext and _unindexed(table, "text")[0] is None:
+        coverage = index_coverage(table)
+    if fulltext and "fulltext" not in coverage:
         _create_fulltext(table)
-    waiting = any(c["unindexed"] > (0 if merge else MAX_UNINDEXED) for c in index_coverage(table).values())
+        coverage = index_coverage(table)
+    waiting = any(c["unindexed"] > (0 if merge else MAX_UNINDEXED) for c in coverage.values())
     if waiting or (merge and any(len(i.segments) > 1 for i in table.to_lance().describe_indices())):
         fold_in(table, merge_all=merge)
-    return index_coverage(table)
+        coverage = index_coverage(table)
+    return coverage
 
 
 def fold_in(table: lancedb.table.Table, *, merge_all: bool = False) -> None:
@@ -300,9 +305,15 @@ def _create_fulltext(table: lancedb.table.Table) -> None:
 
 
 def index_coverage(table: lancedb.table.Table) -> dict[str, dict[str, int]]:
-    """Indexed and unindexed rows of the full-text and vector indexes that exist."""
-    coverage = {name: _unindexed(table, column) for name, column in (("fulltext", "text"), ("vector", "vector"))}
-    return {name: {"indexed": n, "unindexed": u} for name, (index, n, u) in coverage.items() if index}
+    """Indexed and unindexed rows of the full-text and vector indexes that exist (one listing of the indexes)."""
+    indices = table.list_indices()
+    coverage = {}
+    for name, column in (("fulltext", "text"), ("vector", "vector")):
+        index = next((i for i in indices if list(i.columns) == [column]), None)
+        if index is not None:
+            stats = table.index_stats(index.name)
+            coverage[name] = {"indexed": stats.num_indexed_rows, "unindexed": stats.num_unindexed_rows}
+    return coverage
 
 
 def tag_version(table: lancedb.table.Table, tag: str) -> None:

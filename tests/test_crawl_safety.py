@@ -36,7 +36,7 @@ def test_symlinks_cannot_lead_the_crawl_outside_its_root(tmp_path):
     (root / "docs" / "leak.md").symlink_to(secret / "passwords.md")
     (root / "linked-folder").symlink_to(secret / "more", target_is_directory=True)
     listed = list_source(SourceConfig(name="s", path=root))
-    assert sorted(r["doc_id"] for r in listed.rows) == ["s:docs/alias.md", "s:docs/guide.md"]
+    assert sorted(r["doc_id"] for r in listed.listing().to_pylist()) == ["s:docs/alias.md", "s:docs/guide.md"]
     assert "docs/leak.md" in listed.notices[0] and listed.failure is None
 
 
@@ -47,8 +47,9 @@ def test_listed_paths_uris_and_types_are_those_pathlib_and_mimetypes_give(tmp_pa
     for name in names:
         (tmp_path / "sub dir" / name).write_text("x")
     listed = list_source(SourceConfig(name="s", path=tmp_path, include=["**/*"]))
-    assert len(listed.rows) == len(names)
-    for row in listed.rows:
+    rows = listed.listing().to_pylist()
+    assert len(rows) == len(names)
+    for row in rows:
         path = Path(row["path"])
         assert path.is_file() and row["uri"] == path.as_uri(), row
         assert row["mime"] == mimetypes.guess_type(f"x{path.suffix}")[0], row
