@@ -5,13 +5,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import mimetypes
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,6 +46,7 @@ from tasks.progress import stage_progress
 from tasks.quality import warm as warm_quality
 from tasks.report import report_stage
 from tasks.stage import opaque_value, prepare, task_if
+from tasks.threads import beside
 from tasks.store import (
     connect,
     is_remote_store,
@@ -68,8 +66,6 @@ freeze_imports()  # what the imports above made lives as long as the process: no
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
-A = TypeVar("A")
-H = TypeVar("H")
 
 
 class _StageClock:
@@ -145,7 +141,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
             known_main = read_known()
             listing, failed_sources, crawl_notices = clock.run("crawl", crawl_stage, cfg, run_dir, known_main)
         else:  # a listing needs no stored row: the store is read meanwhile (LanceDB's work, off the interpreter lock)
-            known_main, (listing, failed_sources, crawl_notices) = _beside(
+            known_main, (listing, failed_sources, crawl_notices) = beside(
                 read_known, lambda: clock.run("crawl", crawl_stage, cfg, run_dir, None))
         failpoint("crawled")
         detected = []
@@ -235,28 +231,6 @@ def _jobs_dir(cfg: InletConfig) -> str:
     return str(Path.home() / ".inlet" / BATCH_JOBS_DIR / hashlib.sha256(cfg.store.uri.encode()).hexdigest()[:12])
 
 
-def _beside(aside: Callable[[], A], here: Callable[[], H]) -> tuple[A, H]:
-    """Run aside in a helper thread while here runs in this one; return both results, raising what aside raised."""
-    done: list = []
-
-    def run() -> None:
-        try:
-            done.append((True, aside()))
-        except BaseException as exc:  # noqa: BLE001 - raised again in the calling thread below
-            done.append((False, exc))
-
-    helper = threading.Thread(target=run, name="inlet-beside", daemon=True)
-    helper.start()
-    try:
-        mine = here()
-    finally:
-        helper.join()
-    ok, theirs = done[0]
-    if not ok:
-        raise theirs
-    return theirs, mine
-
-
 def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batches: list[list[str]], run_dir: str,
                  plans: list[IndexPlan], storage: dict[str, dict], writers: list[Writer], sizes: list[int]) -> dict:
     """Run every batch on the task runner; hand each finished batch to the writers in order; return the totals.
@@ -275,7 +249,7 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
             # (a lone batch runs here too). Had GX imported while the batch ran, it would have held the
             # interpreter lock against the batch, which then took as long as the two one after the other.
             start = time.perf_counter()
-            _beside(warm_quality, warm_up)
+            beside(warm_quality, warm_up)
             totals["seconds"]["import gx"] = time.perf_counter() - start
             if worth_a_pool(sum(sizes)):
                 start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
