@@ -244,6 +244,8 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
     spans: list[tuple[float, float]] = []
     try:
         if execution.task_runner == "thread":  # batches in this process: load their models meanwhile
+            if worth_a_pool(sum(sizes)):  # its processes start in the background (~0.5 s), during the import below
+                start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
             # GX's imports (~1.2 s) are paid here, only by a run with a batch to validate, and timed apart: like
             # the flow's other imports, they are start-up, not work. The models load in this thread meanwhile
             # (a lone batch runs here too). Had GX imported while the batch ran, it would have held the
@@ -251,8 +253,6 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
             start = time.perf_counter()
             beside(warm_quality, warm_up)
             totals["seconds"]["import gx"] = time.perf_counter() - start
-            if worth_a_pool(sum(sizes)):
-                start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
         # Batches in this process take what earlier ones sent to the models before the writer commits it.
         shared = uncommitted.sharing() if execution.task_runner == "thread" else contextlib.nullcontext()
         # Prefect's annotations do not survive pickling (an opaque comes back wrapping a tuple): only threads get them.
