@@ -130,3 +130,18 @@ def test_mass_deletion_guard_in_a_real_run(corpus, write_config, tmp_path):
     allowed = ingest(config_path=str(config), allow_deletions=True)
     assert allowed["docs_deleted"] == len(everything) - 1
     assert _doc_ids(config) == {"sample:harbour-faq.txt"}
+
+
+def test_the_suffix_shortcut_matches_exactly_what_wcmatch_matches():
+    # "**/*.md"-style includes are tested without wcmatch's matcher: hidden folders and files, case, odd names.
+    from wcmatch import glob as wcglob
+
+    from tasks.crawl import _GLOB_FLAGS, path_filter
+
+    names = ["a.md", ".a.md", ".md", "a.MD", "a.mdx", "a.md.txt", "b..md", "-.md", "ü.md", "a b.md", "x.md~",
+             "a.txt", "md", "a.", "[x].md", "*.md", "a.md "]
+    folders = ["", "d/", ".d/", "d/.e/", "d/e/", "d.md/", "...", ".../", "d/..md/", " /", "ü/"]
+    for include in (("**/*.md",), ("**/*.md", "**/*.txt"), ("**/*.MD",), ("**/*.md-x",)):
+        shortcut, wcmatch = path_filter(include, ()), wcglob.compile(include, flags=_GLOB_FLAGS)
+        for rel in (f + n for f in folders for n in names):
+            assert bool(shortcut(rel)) == bool(wcmatch.match(rel)), (include, rel)
