@@ -22,7 +22,7 @@ from schemas.arrow import DOCUMENTS_SCHEMA
 from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig, load_config
 from schemas.errors import ConfigError
 from tasks import inflight, uncommitted
-from tasks.artifacts import is_remote, join, read_artifact, use_storage_options
+from tasks.artifacts import flush_artifacts, is_remote, join, read_artifact, use_storage_options
 from tasks.batch import (
     STAGES,
     IndexPlan,
@@ -169,6 +169,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         batches = clock.run("plan batches", plan_batches, per_index, cfg.execution.batch_docs, cfg.execution.batch_mb,
                             sharing)
         write_batch_documents(per_index, plans, batches)
+        if cfg.execution.task_runner != "thread":
+            flush_artifacts()  # worker processes read the batches' documents from disk
         sizes = batch_bytes(per_index[0], batches)
         runs = stage_runs(sum(sizes), cfg.execution)  # commits and report as task runs of their own, or plain calls
         del per_index  # the batches read their own share
@@ -202,6 +204,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         summary = summaries[0]
         if len(summaries) > 1:
             summary["variants"] = {plan.name: s for (plan, _), s in zip(variants[1:], summaries[1:])}
+        flush_artifacts()  # every artifact of the run on disk before it ends
         # The flow body alone; Prefect's own run set-up and teardown come on top of this.
         return {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}
 

@@ -20,6 +20,7 @@ from schemas.arrow import DOCUMENTS_SCHEMA, REFRESH_ENRICHMENT, embedded_chunks_
 from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig
 from tasks.artifacts import (
     batch_dir,
+    flush_artifacts,
     join,
     read_artifact,
     use_storage_options,
@@ -237,6 +238,7 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
         failpoint("batch-extracted")
         results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, seconds, stage_runs)
                    for plan in plans]
+        flush_artifacts()  # on disk before the batch reports done: the writer and a later run may read them
     failpoint("batch-validated")
     return {"indexes": results, "notices": notices, "seconds": seconds, "span": (began, time.time())}
 

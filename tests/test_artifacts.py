@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from schemas.arrow import embedded_chunks_schema
 from tasks.artifacts import (
     _RecentWrites,
+    flush_artifacts,
     read_artifact,
     write_artifact,
 )
@@ -46,6 +48,7 @@ def test_an_embedded_table_reads_back_exactly_as_written(tmp_path: Path) -> None
 def test_an_artifact_is_written_without_dictionaries_or_statistics_and_reads_back_whole(tmp_path: Path) -> None:
     table = _embedded(12, 4)
     path = write_artifact(table, tmp_path, "embedded_chunks", table.schema)
+    flush_artifacts()
     meta = pq.ParquetFile(path).metadata
     columns = [meta.row_group(0).column(i) for i in range(meta.num_columns)]
     assert not any(c.has_dictionary_page or any("DICTIONARY" in e for e in c.encodings) for c in columns)
@@ -68,6 +71,7 @@ def test_a_stage_reads_back_what_this_process_just_wrote_without_parsing_the_fil
 def test_a_file_rewritten_after_this_process_wrote_it_is_read_from_disk(tmp_path: Path) -> None:
     table = _embedded(12, 4)
     path = write_artifact(table, tmp_path, "embedded_chunks", table.schema)
+    flush_artifacts()  # written: what the other writers below replace
     other = _embedded(3, 4)
     pq.write_table(other, path + ".tmp")  # another worker's write, put in place as a new file
     os.replace(path + ".tmp", path)
@@ -81,10 +85,41 @@ def test_recent_writes_keep_within_their_byte_bounds(tmp_path: Path) -> None:
     small, large = _embedded(4, 8), _embedded(60, 8)
     assert small.nbytes < 1_000 and large.nbytes > 2_000
     paths = [write_artifact(small, tmp_path, f"small-{i}", small.schema) for i in range(8)]
+    flush_artifacts()
     for path in paths:
         recent.keep(path, small)
     big = write_artifact(large, tmp_path, "large", large.schema)
+    flush_artifacts()
     recent.keep(big, large)
     assert recent.get(big) is None  # over the entry bound: not kept
     kept = [p for p in paths if recent.get(p) is not None]
     assert kept == paths[-len(kept):] and 0 < len(kept) * small.nbytes <= 3_000  # the latest, within the total
+
+
+def test_an_artifact_reads_back_before_its_file_is_written_and_a_failed_write_raises_at_the_flush(
+        tmp_path: Path, monkeypatch) -> None:
+    import tasks.artifacts
+
+    table = _embedded(12, 4)
+    gate = __import__("threading").Event()
+    real = tasks.artifacts.pq.write_table
+
+    def slow(*args, **kwargs):
+        gate.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tasks.artifacts.pq, "write_table", slow)
+    path = write_artifact(table, tmp_path, "chunks", table.schema)
+    assert not Path(path).exists() and read_artifact(path, table.schema).equals(table), "read from memory meanwhile"
+    gate.set()
+    flush_artifacts()
+    assert pq.read_table(path).cast(table.schema).equals(table)
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device", args[1])
+
+    monkeypatch.setattr(tasks.artifacts.pq, "write_table", broken)
+    write_artifact(table, tmp_path, "full", table.schema)
+    with pytest.raises(OSError, match="No space left"):
+        flush_artifacts()
+    flush_artifacts()  # reported once; nothing left waiting
