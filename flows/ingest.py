@@ -22,7 +22,7 @@ from schemas.arrow import DOCUMENTS_SCHEMA
 from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig, load_config
 from schemas.errors import ConfigError
 from tasks import inflight, uncommitted
-from tasks.artifacts import flush_artifacts, is_remote, join, read_artifact, use_storage_options
+from tasks.artifacts import artifacts_flushed, flush_artifacts, is_remote, join, read_artifact, use_storage_options
 from tasks.batch import (
     STAGES,
     IndexPlan,
@@ -46,7 +46,6 @@ from tasks.progress import stage_progress
 from tasks.quality import warm as warm_quality
 from tasks.report import report_stage
 from tasks.stage import opaque_value, prepare, task_if
-from tasks.threads import beside
 from tasks.store import (
     connect,
     is_remote_store,
@@ -54,6 +53,7 @@ from tasks.store import (
     use_store_options,
     writer_lock,
 )
+from tasks.threads import beside
 
 # Import-time work that the first run's body paid before: Prefect's task engine and the stages' tasks, the
 # system's MIME table that the crawl reads (6 ms), and Arrow's time-zone database, which Arrow's C++ loads on
@@ -134,7 +134,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         variants.append((IndexPlan(name, vcfg, vdir, _jobs_dir(vcfg)), notices))
 
     # One writer at a time: a second run against this store is refused (or waits) before it reads anything.
-    with writer_lock(cfg.store.uri, run_id, cfg.store.lock_wait_s):
+    # A run that fails leaves no artifact write waiting for the next run's flush to report.
+    with writer_lock(cfg.store.uri, run_id, cfg.store.lock_wait_s), artifacts_flushed():
         read_known = lambda: known_documents(connect(store), cfg.store.documents_table)  # noqa: E731
         if any(src.kind == "web" for src in cfg.sources):
             # The main index's documents give web pages their validators (ETag) for conditional requests.
@@ -204,7 +205,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         summary = summaries[0]
         if len(summaries) > 1:
             summary["variants"] = {plan.name: s for (plan, _), s in zip(variants[1:], summaries[1:])}
-        flush_artifacts()  # every artifact of the run on disk before it ends
+        flush_artifacts()  # every artifact of the run on disk before it ends, inside the timed body
         # The flow body alone; Prefect's own run set-up and teardown come on top of this.
         return {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.arrow import conform
+from schemas.errors import StoreError
 
 if TYPE_CHECKING:
     from providers.gemini_batch import JobRecord
@@ -149,9 +151,24 @@ def read_artifact(path: str | Path, schema: pa.Schema) -> pa.Table:
     return conform(pq.read_table(path) if table is None else table, schema)
 
 
-def flush_artifacts() -> None:
-    """Wait until every local artifact this process handed to its writer thread is on disk; raise what failed."""
-    _PENDING.flush()
+def flush_artifacts(*, quiet: bool = False) -> None:
+    """Wait until every local artifact this process handed to its writer thread is on disk; raise what failed.
+
+    quiet: on a path that is failing already, wait without raising, so that a write error is neither lost
+    over the real one nor left for the next run's flush to raise.
+    """
+    _PENDING.flush(quiet=quiet)
+
+
+@contextmanager
+def artifacts_flushed() -> Iterator[None]:
+    """Every local artifact written in the block on disk when it ends; a failing block waits for them quietly."""
+    try:
+        yield
+    except BaseException:
+        flush_artifacts(quiet=True)
+        raise
+    flush_artifacts()
 
 
 class _BackgroundWrites:
@@ -166,7 +183,7 @@ class _BackgroundWrites:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tables: dict[str, pa.Table] = {}
-        self._futures: list[Future] = []
+        self._futures: list[tuple[str, Future]] = []
         self._pool: ThreadPoolExecutor | None = None
 
     def write(self, path: str, table: pa.Table) -> None:
@@ -175,7 +192,7 @@ class _BackgroundWrites:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inlet-artifacts")
             self._tables[path] = table
-            self._futures.append(self._pool.submit(self._write, path, table))
+            self._futures.append((path, self._pool.submit(self._write, path, table)))
 
     def _write(self, path: str, table: pa.Table) -> None:
         try:
@@ -191,12 +208,15 @@ class _BackgroundWrites:
         with self._lock:
             return self._tables.get(path)
 
-    def flush(self) -> None:
-        """Wait for every write handed over so far; raise the first that failed, naming its file."""
+    def flush(self, *, quiet: bool = False) -> None:
+        """Wait for every write handed over so far; raise the first that failed as a StoreError naming its file."""
         with self._lock:
             futures, self._futures = self._futures, []
-        for future in futures:
-            future.result()
+        failed = [(path, f.exception()) for path, f in futures if f.exception() is not None]
+        if failed and not quiet:
+            path, exc = failed[0]
+            msg = f"{path}: the artifact could not be written ({type(exc).__name__}: {exc})"
+            raise StoreError(msg) from exc
 
 
 _PENDING = _BackgroundWrites()

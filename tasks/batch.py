@@ -19,8 +19,8 @@ from providers.embedders import embedder_spec
 from schemas.arrow import DOCUMENTS_SCHEMA, REFRESH_ENRICHMENT, embedded_chunks_schema
 from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig
 from tasks.artifacts import (
+    artifacts_flushed,
     batch_dir,
-    flush_artifacts,
     join,
     read_artifact,
     use_storage_options,
@@ -101,7 +101,8 @@ def plan_batches(per_index: list[pa.Table], batch_docs: int, batch_mb: float, wo
 
 def batch_bytes(documents: pa.Table, batches: list[list[str]]) -> list[int]:
     """Listed bytes of each batch's documents. Pure."""
-    planned = documents.filter(pc.is_in(documents["doc_id"], pa.array([d for ids in batches for d in ids], pa.string())))
+    ids = pa.array([d for batch in batches for d in batch], pa.string())
+    planned = documents.filter(pc.is_in(documents["doc_id"], ids))
     size_of = dict(zip(planned["doc_id"].to_pylist(), planned["size"].to_pylist()))
     return [sum(size_of.get(d) or 0 for d in ids) for ids in batches]
 
@@ -124,9 +125,9 @@ _SAMPLE = ("# Installing the harbour app\n\nRun `make install` and open http://1
 def warm_up() -> None:
     """Load, in this thread, what the stages load on first use, and pass a sample through it.
 
-    The tokenizer and the language model (~0.1 s), then one text through each: tiktoken builds its regex
-    automaton per thread on first use (a first 1% chunking took ~7 ms longer), and the model's mapped pages
-    come in. The flow calls this in the thread that runs a lone batch, while great-expectations imports.
+    The tokenizer and the language model (~0.1 s), then one text through each: tiktoken's first use in a
+    thread is slower (40 pages: 20 ms in a new thread, 11 in one that had encoded before), and the model's
+    mapped pages come in. The flow calls this in the thread that runs a lone batch, while GX imports.
     """
     try:
         tokenizer.count_tokens(_SAMPLE)
@@ -155,6 +156,8 @@ class InThisThread:
 
 @dataclass
 class _Deferred:
+    """A task and its parameters, run when its result is asked for."""
+
     task: Callable[..., Any]
     parameters: dict[str, Any]
 
@@ -171,7 +174,7 @@ def _timed(seconds: dict[str, float], name: str, fn: Callable[..., Any], *args: 
 
 
 def stage_runs(nbytes: int, execution: ExecutionConfig) -> bool:
-    """Tell whether a batch of nbytes listed bytes runs its stages as task runs of their own (execution.stage_runs_mb)."""
+    """Tell whether work of nbytes listed bytes runs its stages as task runs of their own (stage_runs_mb)."""
     return nbytes >= execution.stage_runs_mb * 1024 * 1024
 
 
@@ -229,7 +232,8 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
     use_store_options(store.uri, store.options)
     seconds: dict[str, float] = {}
     began = time.time()  # wall clock, comparable across worker processes: the run's batch span
-    with quiet_stages():
+    # On disk before the batch reports done: its writer (maybe in another process) reads them next.
+    with quiet_stages(), artifacts_flushed():
         here = batch_dir(run_dir, number)
         documents = [join(batch_dir(p.run_dir, number), "documents.parquet") for p in plans]
         todo = documents[0] if len(plans) == 1 else task_if(stage_runs, extraction_todo_stage)(documents, here)
@@ -238,7 +242,6 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
         failpoint("batch-extracted")
         results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, seconds, stage_runs)
                    for plan in plans]
-        flush_artifacts()  # on disk before the batch reports done: the writer and a later run may read them
     failpoint("batch-validated")
     return {"indexes": results, "notices": notices, "seconds": seconds, "span": (began, time.time())}
 

@@ -11,8 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from schemas.arrow import embedded_chunks_schema
+from schemas.errors import StoreError
 from tasks.artifacts import (
     _RecentWrites,
+    artifacts_flushed,
     flush_artifacts,
     read_artifact,
     write_artifact,
@@ -119,7 +121,13 @@ def test_an_artifact_reads_back_before_its_file_is_written_and_a_failed_write_ra
         raise OSError(28, "No space left on device", args[1])
 
     monkeypatch.setattr(tasks.artifacts.pq, "write_table", broken)
-    write_artifact(table, tmp_path, "full", table.schema)
-    with pytest.raises(OSError, match="No space left"):
+    full = write_artifact(table, tmp_path, "full", table.schema)
+    with pytest.raises(StoreError, match=f"{full}: the artifact could not be written.*No space left"):
         flush_artifacts()
     flush_artifacts()  # reported once; nothing left waiting
+
+    # A block that fails already waits for its writes without raising theirs, and leaves none for the next flush.
+    with pytest.raises(ValueError, match="the real failure"), artifacts_flushed():
+        write_artifact(table, tmp_path, "lost", table.schema)
+        raise ValueError("the real failure")
+    flush_artifacts()
