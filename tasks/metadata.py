@@ -133,9 +133,16 @@ def _unpacked_model() -> Path:
     return path
 
 
+_MODEL_ARRAYS = ("ptc", "pc", "classes", "nextmove", "nextmove_row", "out_feat", "depth")
+
+
 def _model_arrays(folder: Path) -> dict[str, np.ndarray]:
-    """The unpacked model's arrays, memory-mapped read-only."""
-    return {f.stem: np.load(f, mmap_mode="r", allow_pickle=False) for f in folder.glob("*.npy")}
+    """The unpacked model's arrays, memory-mapped read-only; a folder missing one is named, to be removed."""
+    missing = [name for name in _MODEL_ARRAYS if not (folder / f"{name}.npy").is_file()]
+    if missing:
+        msg = f"{folder}: the unpacked language model lacks {', '.join(missing)}; remove the folder to unpack it again"
+        raise RuntimeError(msg)
+    return {name: np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in _MODEL_ARRAYS}
 
 
 _LOADING = threading.Lock()

@@ -108,6 +108,11 @@ def test_the_unpacked_language_model_scores_exactly_as_py3langids_own_loader(tmp
     ours = metadata.language_identifier()
     assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 1, "unpacked once into the model folder"
     assert not [p for p in tmp_path.iterdir() if ".partial" in p.name or ".raw" in p.name], "nothing half-written left"
+    folder = next(p for p in tmp_path.iterdir() if p.is_dir())
+    (folder / "ptc.npy").rename(tmp_path / "aside.npy")  # a folder someone emptied by hand: named, not a KeyError
+    with pytest.raises(RuntimeError, match=r"lacks ptc; remove the folder"):
+        metadata._model_arrays(folder)
+    (tmp_path / "aside.npy").rename(folder / "ptc.npy")
     reference = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
     for text in ("The harbour master keeps the tide tables in the office by the quay.",
                  "Der Hafenmeister führt die Gezeitentabellen im Büro am Kai.",
