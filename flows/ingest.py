@@ -250,8 +250,9 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
         if execution.task_runner == "thread":  # batches in this process: load their models meanwhile
             if worth_a_pool(sum(sizes)):  # its processes start in the background (~0.5 s), during the import below
                 start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
-            # GX's imports (~1.2 s) are paid here, only by a run with a batch to validate, and timed apart: like
-            # the flow's other imports, they are start-up, not work. The models load in this thread meanwhile
+            # GX's imports (~1.2 s) and set-up (its context and a sample validation, tasks/quality.py: warm) are
+            # paid here, only by a run with a batch to validate, and timed apart: like the flow's other imports,
+            # they are start-up, not work. The models load in this thread meanwhile
             # (a lone batch runs here too). Had GX imported while the batch ran, it would have held the
             # interpreter lock against the batch, which then took as long as the two one after the other.
             start = time.perf_counter()

@@ -56,7 +56,33 @@ def test_an_expectation_builds_its_configuration_once_until_a_field_changes():
     assert check.configuration is first and first.kwargs == {"column": "token_count", "min_value": 1.0}
     check.max_value = 5  # a changed field is seen by the next validation, not hidden by the kept build
     assert check.configuration is not first and check.configuration.kwargs["max_value"] == 5
+    assert check.configuration.to_domain_obj() is check  # what GX asks of it ~8 times a validation
     assert check.configuration.to_domain_obj().configuration.kwargs == check.configuration.kwargs
+
+
+def test_metric_ids_are_gxs_own_for_every_id_a_validation_makes(monkeypatch):
+    from great_expectations.core.id_dict import IDDict
+
+    from tasks.quality import _gx
+
+    _gx()
+    fast = IDDict.to_id
+    assert fast.inlet_plain
+    seen = []
+
+    def both(self, id_keys=None, id_ignore_keys=None):
+        mine = fast(self, id_keys, id_ignore_keys)
+        seen.append((mine, fast.inlet_original(self, id_keys, id_ignore_keys)))
+        return mine
+
+    monkeypatch.setattr(IDDict, "to_id", both)
+    # Passing and failing checks (the failing ones run again for their rows), a value set, bounds, nulls.
+    dupes = _chunks([("a", "d1", "x", 1), ("a", "d2", "", 900), (None, "d3", "z", 1)])
+    validate("chunks", dupes, CHUNKS["chunks"])
+    odd = IDDict(column="x", value_set=[1.5, None, "a"], nested={"k": (1, 2)}, missing=float("nan"))
+    both(odd)
+    assert len(seen) > 100
+    assert all(mine == theirs for mine, theirs in seen)
 
 
 def test_each_validation_judges_by_its_own_suites_bounds_not_an_earlier_suites():
@@ -186,3 +212,15 @@ print(sqlalchemy.text("1").text, botocore.client.Config.__name__)
     out = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parent.parent,
                          capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.splitlines() == ["['chunk_id_present']", "[]", "[]", "0.6931 Chart module", "1 Config"]
+
+
+def test_the_warm_up_samples_take_a_clean_batchs_path_through_every_default_check():
+    from tasks.quality import FRAMES, VIEW_COLUMNS, _samples, suites, validate_together
+
+    samples = _samples()
+    assert {frame: tuple(table.column_names) for frame, table in samples.items()} == VIEW_COLUMNS
+    default = suites(8, 2)
+    outcomes = [o for frame, table in samples.items()
+                for o in validate_together(table, {a: default[a] for a in FRAMES[frame]})]
+    assert len(outcomes) == sum(len(checks) for checks in default.values())
+    assert all(o.success for o in outcomes)
