@@ -12,6 +12,7 @@ from pathlib import Path
 
 import lancedb
 import pyarrow as pa
+import pyarrow.compute as pc
 from filelock import FileLock, Timeout
 
 from schemas.arrow import DOCUMENT_ROWS_SCHEMA, conform
@@ -111,12 +112,22 @@ def select_one_per_key(table: lancedb.table.Table | None, column: str, values: I
         return wanted.empty_table()
     found = [table.search().where(f"{column} IN ({sql_list(values[i : i + IN_BATCH])})").select([column])
              .with_row_id(True).limit(None).to_arrow() for i in range(0, len(values), IN_BATCH)]
-    first = (pa.concat_tables(found).group_by(column, use_threads=False).aggregate([("_rowid", "min")])
-             ["_rowid_min"].to_pylist())
+    first = _lowest_row_per_key(pa.concat_tables(found), column).to_pylist()
     if not first:
         return wanted.empty_table()
     # The handle stays on the version it opened, so these ids are the rows the first read saw.
     return conform(table.take_row_ids(first).select(columns).to_arrow().select(columns), wanted)
+
+
+def _lowest_row_per_key(rows: pa.Table, column: str) -> pa.Array:
+    """The lowest _rowid of each distinct value of column, in the order the values first occur by row id.
+
+    By kernels, not Table.group_by: Arrow's query engine set itself up on its first group-by in a
+    process (~20 ms of a 1% run's lookup; later ones ~0.4 ms).
+    """
+    order = pc.sort_indices(rows["_rowid"])
+    keys, ids = rows[column].take(order), rows["_rowid"].take(order)
+    return ids.take(pc.index_in(pc.unique(keys), value_set=keys)).combine_chunks()
 
 
 def ensure_columns(table: lancedb.table.Table, schema: pa.Schema) -> None:

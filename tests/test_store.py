@@ -37,6 +37,20 @@ def test_keys_split_over_several_filters_still_come_back_once(table, monkeypatch
     assert sorted(got["embed_key"].to_pylist()) == ["k0", "k1", "k2"]
 
 
+def test_the_row_taken_for_a_key_is_its_lowest_row_id_as_a_group_by_would_pick():
+    import random
+
+    from tasks.store import _lowest_row_per_key
+
+    rng = random.Random(7)
+    ids = rng.sample(range(10_000), 500)
+    rows = pa.table({"embed_key": [f"k{rng.randrange(60)}" for _ in ids], "_rowid": pa.array(ids, pa.uint64())})
+    expected = rows.group_by("embed_key").aggregate([("_rowid", "min")])
+    got = _lowest_row_per_key(rows, "embed_key").to_pylist()
+    assert sorted(got) == sorted(expected["_rowid_min"].to_pylist())
+    assert len(got) == len(set(rows["embed_key"].to_pylist()))
+
+
 def test_no_table_or_no_match_gives_an_empty_table_of_the_columns(table):
     for source, keys in ((None, ["k0"]), (table, ["nope"]), (table, [])):
         got = select_one_per_key(source, "embed_key", keys, ["embed_key", "vector"], SCHEMA)
