@@ -42,12 +42,28 @@ def use_store_options(uri: str | Path, options: dict[str, str]) -> None:
         _OPTIONS[str(uri)] = dict(options)
 
 
+# Connections by (process, uri, options): a connection took ~1-4 ms to make (a round trip through LanceDB's
+# event loop thread), and a run made one per stage. The process id keeps a forked worker off its parent's.
+_CONNECTIONS: dict[tuple[int, str, tuple[tuple[str, str], ...]], lancedb.DBConnection] = {}
+_KEPT_CONNECTIONS = 16
+
+
 def connect(uri: str | Path) -> lancedb.DBConnection:
-    """Open (creating if needed) the LanceDB database at uri; tables it creates use FILE_FORMAT."""
+    """Open (creating if needed) the LanceDB database at uri; tables it creates use FILE_FORMAT.
+
+    A process keeps its connections: a table opened through one reads the table's latest version all the same.
+    """
     if not is_remote_store(uri):
         Path(uri).mkdir(parents=True, exist_ok=True)
     options = {**_OPTIONS.get(str(uri), {}), "new_table_data_storage_version": FILE_FORMAT}
-    return lancedb.connect(str(uri), storage_options=options)
+    key = (os.getpid(), str(uri), tuple(sorted(options.items())))
+    db = _CONNECTIONS.get(key)
+    if db is None:
+        db = lancedb.connect(str(uri), storage_options=options)
+        if len(_CONNECTIONS) >= _KEPT_CONNECTIONS:
+            _CONNECTIONS.pop(next(iter(_CONNECTIONS)), None)
+        _CONNECTIONS[key] = db
+    return db
 
 
 def table_names(db: lancedb.DBConnection) -> set[str]:

@@ -156,3 +156,15 @@ def test_a_keyed_upsert_deletes_only_ids_the_table_holds_and_commits_nothing_for
     # held: the caller vouches for the ids; they are deleted without a look-up.
     upsert_keyed(db, "quarantine", "doc_id", schema.empty_table(), schema, ["b"], held=True)
     assert open_table(db, "quarantine").count_rows() == 0
+
+
+def test_a_kept_connection_opens_what_another_connection_committed_since(tmp_path):
+    import tasks.store as store
+
+    uri = str(tmp_path / "kept")
+    db = store.connect(uri)
+    assert store.connect(uri) is db  # kept for the process
+    db.create_table("t", pa.table({"a": [1]}))
+    other = lancedb.connect(uri)  # another writer, as another process would be
+    other.open_table("t").add(pa.table({"a": [2]}))
+    assert sorted(store.connect(uri).open_table("t").to_arrow()["a"].to_pylist()) == [1, 2]
