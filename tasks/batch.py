@@ -36,6 +36,7 @@ from tasks.progress import quiet_stages
 from tasks.quality import validate_stage
 from tasks.refresh import refresh_ids, refresh_stage
 from tasks.report import text_counts
+from tasks.report import warm as warm_report
 from tasks.stage import task_if
 from tasks.store import use_store_options
 from tasks.variants import extraction_todo_stage, for_variant_stage
@@ -133,6 +134,7 @@ def warm_up() -> None:
         tokenizer.count_tokens(_SAMPLE)
         tokenizer.warm()
         language_identifier().classify(_SAMPLE)
+        warm_report()  # the run's report follows its batches
     except Exception:  # noqa: BLE001, S110 - a stage that needs what failed to load loads it again and says why
         pass
 
