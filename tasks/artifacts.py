@@ -133,8 +133,7 @@ def write_artifact(table: pa.Table, run_dir: str | Path, name: str, schema: pa.S
         with fsspec.open(path, "wb") as fh:
             pq.write_table(table, fh, **PARQUET_OPTIONS)
         return path
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    _PENDING.write(path, table)
+    _PENDING.write(path, table)  # its folder is made there too: ~0.1 ms a mkdir, ~20 in a 1% run
     return path
 
 
@@ -196,6 +195,7 @@ class _BackgroundWrites:
 
     def _write(self, path: str, table: pa.Table) -> None:
         try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(table, path, **PARQUET_OPTIONS)
             _RECENT.keep(path, table)
         finally:
