@@ -31,7 +31,7 @@ from tasks.embed import embed_stage
 from tasks.enrich import enrich_stage
 from tasks.extract import extract_stage
 from tasks.failpoints import failpoint
-from tasks.metadata import language_identifier
+from tasks.metadata import language_identifier, page_in_language_model
 from tasks.progress import quiet_stages
 from tasks.quality import validate_stage
 from tasks.refresh import refresh_ids, refresh_stage
@@ -134,6 +134,7 @@ def warm_up() -> None:
         tokenizer.count_tokens(_SAMPLE)
         tokenizer.warm()
         language_identifier().classify(_SAMPLE)
+        page_in_language_model()
         warm_report()  # the run's report follows its batches
     except Exception:  # noqa: BLE001, S110 - a stage that needs what failed to load loads it again and says why
         pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import mmap
 import os
 import re
 import shutil
@@ -156,6 +157,18 @@ def language_identifier() -> object:
         if _MODEL is None:
             _MODEL = _load_language_model()
         return _MODEL
+
+
+def page_in_language_model() -> None:
+    """Map every page of the language model's two large arrays now, one read a page (~4-9 ms).
+
+    They are memory-mapped: a process's first classifications fault their pages in as they meet them (a
+    1% run's 16 documents: ~700 faults, ~2-3 ms of its extraction). The flow does this while GX imports.
+    """
+    model = language_identifier()
+    for array in (model.tk_nextmove, model.nb_ptc):  # type: ignore[attr-defined]
+        flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        int(flat[:: mmap.PAGESIZE].sum())
 
 
 def _load_language_model() -> object:
