@@ -44,7 +44,7 @@ def use_store_options(uri: str | Path, options: dict[str, str]) -> None:
 
 # Connections by (process, uri, options): a connection took ~1-4 ms to make (a round trip through LanceDB's
 # event loop thread), and a run made one per stage. The process id keeps a forked worker off its parent's.
-_CONNECTIONS: dict[tuple[int, str, tuple[tuple[str, str], ...]], lancedb.DBConnection] = {}
+_CONNECTIONS: dict[tuple[int, str, str], lancedb.DBConnection] = {}
 _KEPT_CONNECTIONS = 16
 
 
@@ -56,7 +56,7 @@ def connect(uri: str | Path) -> lancedb.DBConnection:
     if not is_remote_store(uri):
         Path(uri).mkdir(parents=True, exist_ok=True)
     options = {**_OPTIONS.get(str(uri), {}), "new_table_data_storage_version": FILE_FORMAT}
-    key = (os.getpid(), str(uri), tuple(sorted(options.items())))
+    key = (os.getpid(), str(uri), json.dumps(options, sort_keys=True, default=str))
     db = _CONNECTIONS.get(key)
     if db is None:
         db = lancedb.connect(str(uri), storage_options=options)
