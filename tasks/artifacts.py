@@ -182,7 +182,7 @@ class _BackgroundWrites:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tables: dict[str, pa.Table] = {}
-        self._futures: list[tuple[str, Future]] = []
+        self._futures: list[tuple[str, pa.Table, Future]] = []
         self._pool: ThreadPoolExecutor | None = None
 
     def write(self, path: str, table: pa.Table) -> None:
@@ -191,20 +191,26 @@ class _BackgroundWrites:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inlet-artifacts")
             self._tables[path] = table
-            self._futures.append((path, self._pool.submit(self._write, path, table)))
+            self._futures.append((path, table, self._pool.submit(self._write, path, table)))
 
     def _write(self, path: str, table: pa.Table) -> None:
-        try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, path, **PARQUET_OPTIONS)
-            _RECENT.keep(path, table)
-        finally:
-            with self._lock:
-                if self._tables.get(path) is table:
-                    del self._tables[path]
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # Written aside, then renamed into place: another process never finds a half-written file under the name.
+        partial = f"{path}.partial-{os.getpid()}"
+        pq.write_table(table, partial, **PARQUET_OPTIONS)
+        os.replace(partial, path)
+        _RECENT.keep(path, table)
+        # A failed write keeps its table readable until the flush reports it: a stage reading it meanwhile
+        # would otherwise fail on a missing file and hide the write's own error.
+        self._forget(path, table)
+
+    def _forget(self, path: str, table: pa.Table) -> None:
+        with self._lock:
+            if self._tables.get(path) is table:
+                del self._tables[path]
 
     def get(self, path: str) -> pa.Table | None:
-        """The table handed over for path and not yet written, if any."""
+        """The table handed over for path and not yet on disk (written, or its failure flushed), if any."""
         with self._lock:
             return self._tables.get(path)
 
@@ -212,7 +218,9 @@ class _BackgroundWrites:
         """Wait for every write handed over so far; raise the first that failed as a StoreError naming its file."""
         with self._lock:
             futures, self._futures = self._futures, []
-        failed = [(path, f.exception()) for path, f in futures if f.exception() is not None]
+        failed = [(path, exc) for path, _, future in futures if (exc := future.exception()) is not None]
+        for path, table, _ in futures:
+            self._forget(path, table)  # reported now (or dropped, quiet): the failed ones' tables go too
         if failed and not quiet:
             path, exc = failed[0]
             msg = f"{path}: the artifact could not be written ({type(exc).__name__}: {exc})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,8 @@ def test_an_artifact_reads_back_before_its_file_is_written_and_a_failed_write_ra
 
     monkeypatch.setattr(tasks.artifacts.pq, "write_table", broken)
     full = write_artifact(table, tmp_path, "full", table.schema)
+    time.sleep(0.2)  # the write has failed by now: a stage still reads the table, the flush says what failed
+    assert read_artifact(full, table.schema).equals(table)
     with pytest.raises(StoreError, match=f"{full}: the artifact could not be written.*No space left"):
         flush_artifacts()
     flush_artifacts()  # reported once; nothing left waiting
