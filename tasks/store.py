@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
@@ -46,6 +47,7 @@ def use_store_options(uri: str | Path, options: dict[str, str]) -> None:
 # event loop thread), and a run made one per stage. The process id keeps a forked worker off its parent's.
 _CONNECTIONS: dict[tuple[int, str, str], lancedb.DBConnection] = {}
 _KEPT_CONNECTIONS = 16
+_CONNECTING = threading.Lock()  # stages in threads connect at once
 
 
 def connect(uri: str | Path) -> lancedb.DBConnection:
@@ -57,13 +59,14 @@ def connect(uri: str | Path) -> lancedb.DBConnection:
         Path(uri).mkdir(parents=True, exist_ok=True)
     options = {**_OPTIONS.get(str(uri), {}), "new_table_data_storage_version": FILE_FORMAT}
     key = (os.getpid(), str(uri), json.dumps(options, sort_keys=True, default=str))
-    db = _CONNECTIONS.get(key)
-    if db is None:
-        db = lancedb.connect(str(uri), storage_options=options)
-        if len(_CONNECTIONS) >= _KEPT_CONNECTIONS:
-            _CONNECTIONS.pop(next(iter(_CONNECTIONS)), None)
-        _CONNECTIONS[key] = db
-    return db
+    with _CONNECTING:
+        db = _CONNECTIONS.get(key)
+        if db is None:
+            db = lancedb.connect(str(uri), storage_options=options)
+            if len(_CONNECTIONS) >= _KEPT_CONNECTIONS:
+                del _CONNECTIONS[next(iter(_CONNECTIONS))]
+            _CONNECTIONS[key] = db
+        return db
 
 
 def table_names(db: lancedb.DBConnection) -> set[str]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 A = TypeVar("A")
@@ -14,23 +14,9 @@ def beside(aside: Callable[[], A], here: Callable[[], H]) -> tuple[A, H]:
     """Run aside in a helper thread while here runs in this one; return both results, raising what aside raised.
 
     For work that spends its time off the interpreter lock (LanceDB, Parquet, a server's answer) beside work
-    that does not; two pieces of Python work gain nothing.
+    that does not; two pieces of Python work gain nothing. Both have ended when it returns or raises.
     """
-    done: list[tuple[bool, object]] = []
-
-    def run() -> None:
-        try:
-            done.append((True, aside()))
-        except BaseException as exc:  # noqa: BLE001 - raised again in the calling thread below
-            done.append((False, exc))
-
-    helper = threading.Thread(target=run, name="inlet-beside", daemon=True)
-    helper.start()
-    try:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="inlet-beside") as helper:
+        theirs = helper.submit(aside)
         mine = here()
-    finally:
-        helper.join()
-    ok, theirs = done[0]
-    if not ok:
-        raise theirs  # type: ignore[misc]
-    return theirs, mine  # type: ignore[return-value]
+        return theirs.result(), mine
