@@ -40,6 +40,7 @@ from tasks.cpu import close_cpu_pool, default_workers, start_cpu_pool, worth_a_p
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
 from tasks.failpoints import failpoint
+from tasks.isolate import Breaker
 from tasks.load import Writer, fulltext_stage, publish_stage, upsert_stage
 from tasks.memory import freeze_imports, release_memory, use_lean_allocators
 from tasks.progress import stage_progress
@@ -246,6 +247,8 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
     if not batches:
         return totals
     spans: list[tuple[float, float]] = []
+    # One document never fails a run; most documents failing alike stop it before any commit (tasks/isolate.py).
+    breaker = Breaker(sum(len(b) for b in batches), execution.systemic_share, execution.systemic_min_docs)
     try:
         if execution.task_runner == "thread":  # batches in this process: load their models meanwhile
             if worth_a_pool(sum(sizes)):  # its processes start in the background (~0.5 s), during the import below
@@ -278,8 +281,11 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
             # In batch order, so that commits (and what a crash leaves) do not depend on which worker was first.
             for n, future in enumerate(futures):
                 done = future.result()
+                breaker.observe(len(batches[n]), [e for result in done["indexes"] for e in result["errors"]])
+                breaker.check()  # before this batch reaches a writer
+                hold = breaker.undecided()
                 for writer, total, result in zip(writers, totals["indexes"], done["indexes"]):
-                    writer.add(result)
+                    writer.add(result, hold=hold)
                     total["extracted"].append(result["extracted"])
                     total["texts"] = merge_usage(total["texts"], result["texts"])
                     total["usage"] = merge_usage(total["usage"], result["usage"])

@@ -151,6 +151,32 @@ def versions(variant: VariantOpt = None, config: ConfigOpt = DEFAULT_CONFIG) -> 
 
 
 @app.command()
+def quarantine(config: ConfigOpt = DEFAULT_CONFIG,
+               as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False) -> None:
+    """List the quarantined documents: reason, message, since when and how many runs tried them."""
+    from rich.table import Table
+
+    from query import quarantined
+
+    try:
+        rows = quarantined(config=config)
+    except InletError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    table = Table("document", "stage", "reason", "message", "since", "attempts", title=f"{len(rows)} quarantined",
+                  title_justify="left")
+    for r in rows:
+        table.add_row(r["doc_id"], r["stage"], r["reason"], r["message"], f"{r['since']:%Y-%m-%d %H:%M}",
+                      str(r["attempts"]))
+    _console().print(table if rows else "nothing is quarantined")
+    if rows:
+        typer.echo("A quarantined document is tried again when its bytes change, or with `inlet ingest "
+                   "--retry-quarantined`.")
+
+
+@app.command()
 def diff(
     old: Annotated[str, typer.Argument(help="A run id, table version or ISO time.")],
     new: Annotated[str, typer.Argument(help="A run id, table version or ISO time.")],

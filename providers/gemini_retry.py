@@ -37,6 +37,21 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, TRANSIENT)
 
 
+# Answers that no other input would change: the key, the project's permission, the model's name.
+ACCOUNT_STATUSES = (401, 403, 404)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Tell whether a call that failed for good would fail for every input alike: a provider outage.
+
+    Retries spent on a transient error (5xx, 429 quota, time-out, dropped connection), or an account error.
+    Anything else (a 400 for one input, a local model raising on one text) is that input's own failure.
+    """
+    if isinstance(exc, genai_errors.APIError):
+        return exc.code in RETRY_STATUSES or exc.code in ACCOUNT_STATUSES
+    return isinstance(exc, TRANSPORT_ERRORS)
+
+
 def _seconds(value: object) -> float | None:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)s?\s*", str(value))
     return float(match.group(1)) if match else None

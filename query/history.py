@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 import lancedb
+import pyarrow as pa
 
 from query.search import (
     DEFAULT_CONFIG,
@@ -15,7 +16,7 @@ from query.search import (
     select_variant,
     store_connection,
 )
-from schemas.arrow import RUN_COUNTS
+from schemas.arrow import QUARANTINE_SCHEMA, QUARANTINE_TABLE, RUN_COUNTS, conform
 from schemas.config import InletConfig, load_config
 from schemas.errors import StoreError
 
@@ -30,6 +31,23 @@ def _table(cfg: InletConfig, name: str) -> lancedb.table.Table | None:
     db = store_connection(cfg)
     listed = db.list_tables()
     return db.open_table(name) if name in set(getattr(listed, "tables", listed)) else None
+
+
+def quarantined(config: InletConfig | str | Path = DEFAULT_CONFIG) -> list[dict]:
+    """List what is quarantined now, longest first: document, stage, reason, message, since when, attempts."""
+    table = _table(_config(config), QUARANTINE_TABLE)
+    if table is None:
+        return []
+    have = set(table.schema.names)  # a table of an older Inlet lacks since and attempts: read as the first try
+    rows = table.to_arrow()
+    for name in QUARANTINE_SCHEMA.names:
+        if name not in have:
+            rows = rows.append_column(name, pa.nulls(rows.num_rows, QUARANTINE_SCHEMA.field(name).type))
+    found = conform(rows, QUARANTINE_SCHEMA).to_pylist()
+    for row in found:
+        row["since"] = row["since"] or row["at"]
+        row["attempts"] = row["attempts"] or 1
+    return sorted(found, key=lambda r: (r["since"], r["doc_id"]))
 
 
 def versions(config: InletConfig | str | Path = DEFAULT_CONFIG, variant: str | None = None) -> list[dict]:

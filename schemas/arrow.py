@@ -65,6 +65,10 @@ EXTRACTED_SCHEMA = pa.schema([
     pa.field("language", pa.string()),
     pa.field("tags", _TAGS),
     pa.field("extra", pa.string()),
+    # A quarantined document: the stage that quarantined it (extract, chunk, enrich, embed, validate), and for
+    # reason "error" the type of the exception it raised (what the systemic-failure breaker counts).
+    pa.field("stage", pa.string()),
+    pa.field("error_type", pa.string()),
 ])
 
 CHUNKS_SCHEMA = pa.schema([
@@ -130,6 +134,7 @@ DOCUMENT_ROWS_SCHEMA = pa.schema([
     pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
 ])
 
+QUARANTINE_TABLE = "quarantine"  # what is quarantined now: one row per document, gone once it is indexed
 QUARANTINE_SCHEMA = pa.schema([
     pa.field("doc_id", pa.string(), nullable=False),
     pa.field("source", pa.string(), nullable=False),
@@ -139,7 +144,9 @@ QUARANTINE_SCHEMA = pa.schema([
     pa.field("message", pa.string(), nullable=False),
     pa.field("content_hash", pa.string()),
     pa.field("run_id", pa.string(), nullable=False),
-    pa.field("at", pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field("at", pa.timestamp("us", tz="UTC"), nullable=False),  # the run that last tried it
+    pa.field("since", pa.timestamp("us", tz="UTC")),  # quarantined without a break since (null: an older Inlet's row)
+    pa.field("attempts", pa.int32()),  # runs that tried it and failed since then
 ])
 
 # Appended to a document's settings fingerprint while some of its chunks lack their enrichment,

@@ -448,6 +448,13 @@ class ExecutionConfig(_Strict):
                                     "sharing the batches' Markdown extraction and chunking (Python work that threads "
                                     "cannot run in parallel); 0 keeps it in the run's process; none means one per "
                                     "core, at most four. Started only for runs with 2 MB of documents to process.")
+    systemic_share: float = Field(0.5, gt=0, le=1, description="A run in which more than this share of the "
+                                  "documents it works on fail with the same unexpected exception type (a missing "
+                                  "library, a broken install) stops before committing anything, quarantining "
+                                  "nothing: that is a broken install, not bad documents. Known reasons (encrypted, "
+                                  "no_text, ...) never count.")
+    systemic_min_docs: int = Field(20, ge=1, description="...and only when at least this many documents failed that "
+                                   "way: in a small run a few bad files are just bad files.")
     lean_memory: bool = Field(True, description="Cap glibc's malloc arenas at two and give Arrow the system "
                               "allocator for the run's process, so freed memory goes back to the system: a lower "
                               "peak at scale (measured no slower at 100k documents). Process-wide; false leaves the "

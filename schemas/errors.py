@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class InletError(Exception):
     """Base for all Inlet errors."""
@@ -30,6 +32,9 @@ EXTRACTION_REASONS: tuple[str, ...] = (
     "timeout",  # extraction ran past extraction.timeout_s
     "decode_error",  # text whose encoding could not be detected
 )
+# Anything else one document raised in any per-document stage: a parser's or model's bug, a RecursionError, a
+# MemoryError. The document is quarantined with the exception's type and message; the run goes on.
+UNEXPECTED = "error"
 # Outside the file's content: "unreadable" (the file vanished or cannot be opened) and "invalid"
 # (a data-quality check of severity quarantine failed, see tasks/quality.py).
 
@@ -37,14 +42,46 @@ EXTRACTION_REASONS: tuple[str, ...] = (
 class ExtractionError(InletError):
     """A document could not be read or partitioned; it is quarantined, the run goes on."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, error_type: str | None = None) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message
+        self.error_type = error_type  # the unexpected exception's type, for reason UNEXPECTED
 
     def __reduce__(self) -> tuple:
-        """Pickle with both fields, so the error crosses from an extraction worker process intact."""
-        return (type(self), (self.reason, self.message))
+        """Pickle with every field, so the error crosses from an extraction worker process intact."""
+        return (type(self), (self.reason, self.message, self.error_type))
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """Describe an exception as 'Type: first line of its message', at most limit characters."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:limit]
+
+
+def unexpected(exc: BaseException) -> ExtractionError:
+    """Turn an exception nobody planned for into the quarantine error of reason UNEXPECTED."""
+    return ExtractionError(UNEXPECTED, one_line(exc), type(exc).__name__)
+
+
+@dataclass(frozen=True)
+class DocumentFailure:
+    """One document quarantined by a stage after extraction (chunk, enrich, embed, validate)."""
+
+    doc_id: str
+    stage: str
+    reason: str
+    message: str
+    error_type: str | None = None
+
+    @classmethod
+    def of(cls, doc_id: str, stage: str, exc: BaseException) -> DocumentFailure:
+        """The failure of one document that raised exc in stage: reason UNEXPECTED."""
+        return cls(doc_id, stage, UNEXPECTED, one_line(exc), type(exc).__name__)
+
+
+class SystemicFailureError(InletError):
+    """Most documents of a run failed the same unexpected way: a broken install, not bad data; nothing was committed."""
 
 
 class StoreError(InletError):

@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from providers import tokenizer
 from providers.embedders import embedder_spec
-from schemas.arrow import DOCUMENTS_SCHEMA, REFRESH_ENRICHMENT, embedded_chunks_schema
+from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, REFRESH_ENRICHMENT, embedded_chunks_schema
 from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig
 from tasks.artifacts import (
     artifacts_flushed,
@@ -31,6 +31,7 @@ from tasks.embed import embed_stage
 from tasks.enrich import enrich_stage
 from tasks.extract import extract_stage
 from tasks.failpoints import failpoint
+from tasks.isolate import unexpected_errors
 from tasks.metadata import language_identifier, page_in_language_model
 from tasks.progress import quiet_stages
 from tasks.quality import validate_stage
@@ -198,7 +199,8 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
     if shared:  # several indexes: this one takes the documents it reprocesses from the shared extraction
         elements, extracted = timed(seconds, "select", task_if(runs, for_variant_stage), elements, extracted,
                                     documents, here)
-    chunks = timed(seconds, "chunk", task_if(runs, chunk_stage), elements, cfg.chunking, here)
+    # Each per-document stage quarantines the documents it raised on in a new extracted artifact, and goes on.
+    chunks, extracted = timed(seconds, "chunk", task_if(runs, chunk_stage), elements, cfg.chunking, here, extracted)
     failpoint("batch-chunked")
     # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.
     chunks, extracted = timed(seconds, "refresh", refresh, documents, chunks, extracted, store, table, here)
@@ -206,18 +208,19 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
         enriched = timed(seconds, "enrich", enrich, chunks, extracted, cfg.enrichment, cfg.pricing, store,
                           table, here, plan.jobs_dir)
         failpoint("batch-enriched")
-        embedded = timed(seconds, "embed", task_if(runs, embed_stage), enriched["path"], extracted, cfg.embedding,
-                         cfg.enrichment, cfg.pricing, store, table, here, plan.jobs_dir)
+        embedded = timed(seconds, "embed", task_if(runs, embed_stage), enriched["path"], enriched["extracted"],
+                         cfg.embedding, cfg.enrichment, cfg.pricing, store, table, here, plan.jobs_dir)
         key = "embed model" if plan.name is None else f"embed model {plan.name}"
         seconds[key] = seconds.get(key, 0.0) + embedded.get("model_seconds", 0.0)  # inside the embedder's calls
         failpoint("batch-embedded")
     # Data-quality gates: quarantine what fails a `quarantine` check, stop before committing on a `fail` check.
-    gated = timed(seconds, "validate", validate, documents, elements, extracted, embedded["path"],
+    gated = timed(seconds, "validate", validate, documents, elements, embedded["extracted"], embedded["path"],
                    cfg.quality, cfg.chunking.max_tokens, dim, here)
     final = read_artifact(gated["embedded"], embedded_chunks_schema(dim))
     return {"extracted": gated["extracted"], "embedded": gated["embedded"], "rows": final.num_rows,
             "texts": text_counts(final), "usage": enriched["usage"] | embedded["usage"],
-            "validation": gated["validation"]}
+            "validation": gated["validation"],
+            "errors": unexpected_errors(read_artifact(gated["extracted"], EXTRACTED_SCHEMA))}
 
 
 @task(name="batch", task_run_name="batch-{number}", cache_policy=NO_CACHE)

@@ -15,9 +15,11 @@ from providers.tokenizer import count_tokens as _count_tokens
 from providers.tokenizer import encode, encoding, token_offsets
 from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA
 from schemas.config import ChunkingConfig, ChunkStrategy
+from schemas.errors import DocumentFailure
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.clean import heading_title
 from tasks.cpu import map_parts, split_by_size
+from tasks.isolate import each_document, quarantined_by
 from tasks.stage import stage
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t#]*$")
@@ -359,24 +361,36 @@ def chunk_rows(doc_id: str, pieces: list[Piece]) -> list[dict]:
     ]
 
 
-def _chunk_documents(docs: list[tuple[str, list[dict]]], cfg: ChunkingConfig) -> list[dict]:
-    """Chunk rows of several documents, each given as (doc_id, its element rows in order)."""
-    return [r for doc_id, rows in docs for r in chunk_rows(doc_id, pieces_for_document(rows, cfg))]
+def chunk_document(doc_id: str, rows: list[dict], cfg: ChunkingConfig) -> list[dict]:
+    """Chunk one document's element rows (in order) into chunk rows."""
+    return chunk_rows(doc_id, pieces_for_document(rows, cfg))
 
 
-def chunk_elements(elements: pa.Table, cfg: ChunkingConfig) -> pa.Table:
-    """Chunk every document in the elements table, in doc_id order (parts on the CPU pool when there is one)."""
+def _chunk_documents(docs: list[tuple[str, list[dict]]], cfg: ChunkingConfig) -> tuple[list[dict], list[DocumentFailure]]:
+    """Chunk several documents, each given as (doc_id, its element rows); one that raises is a failure, not an error."""
+    done, failures = each_document(lambda doc: chunk_document(doc[0], doc[1], cfg),
+                                   ((doc_id, (doc_id, rows)) for doc_id, rows in docs), "chunk")
+    return [r for rows in done for r in rows], failures
+
+
+def chunk_elements(elements: pa.Table, cfg: ChunkingConfig) -> tuple[pa.Table, list[DocumentFailure]]:
+    """Chunk every document in the elements table, in doc_id order (parts on the CPU pool when there is one).
+
+    Returns the chunks and the documents whose chunking raised (they have no chunks).
+    """
     by_doc: dict[str, list[dict]] = {}
     for row in elements.sort_by([("doc_id", "ascending"), ("element_index", "ascending")]).to_pylist():
         by_doc.setdefault(row["doc_id"], []).append(row)
     docs = list(by_doc.items())
     parts = split_by_size(docs, [sum(len(r["text"]) for r in rows) for _, rows in docs])
     done = map_parts(functools.partial(_chunk_documents, cfg=cfg), parts)
-    return pa.Table.from_pylist([r for rows in done for r in rows], schema=CHUNKS_SCHEMA)
+    return (pa.Table.from_pylist([r for rows, _ in done for r in rows], schema=CHUNKS_SCHEMA),
+            [f for _, failures in done for f in failures])
 
 
 @stage("chunk")
-def chunk_stage(elements_path: str, cfg: ChunkingConfig, run_dir: str) -> str:
-    """Read elements, chunk them, write the chunks artifact."""
-    chunks = chunk_elements(read_artifact(elements_path, ELEMENTS_SCHEMA), cfg)
-    return write_artifact(chunks, run_dir, "chunks", CHUNKS_SCHEMA)
+def chunk_stage(elements_path: str, cfg: ChunkingConfig, run_dir: str, extracted_path: str) -> tuple[str, str]:
+    """Read elements, chunk them, write the chunks artifact; quarantine documents whose chunking raised."""
+    chunks, failures = chunk_elements(read_artifact(elements_path, ELEMENTS_SCHEMA), cfg)
+    extracted_path = quarantined_by(failures, extracted_path, run_dir, "chunked")
+    return write_artifact(chunks, run_dir, "chunks", CHUNKS_SCHEMA), extracted_path

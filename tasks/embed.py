@@ -23,16 +23,36 @@ from schemas.arrow import (
     embedded_chunks_schema,
 )
 from schemas.config import EmbeddingConfig, EnrichmentConfig, PricingConfig
+from schemas.errors import DocumentFailure
 from tasks import uncommitted
 from tasks.artifacts import read_artifact, report_batch_job, write_artifact
+from tasks.isolate import (
+    each_document,
+    failing_items,
+    model_fails_run,
+    quarantined_by,
+    rejected_documents,
+    without_documents,
+)
 from tasks.progress import stage_progress
 from tasks.stage import stage
 
 
-def embedding_inputs(enriched: pa.Table, delimiter: str) -> list[str]:
-    """Return text + delimiter + enrichment for each chunk (text alone when there is no enrichment)."""
-    return [t if not e else f"{t}{delimiter}{e}"
-            for t, e in zip(enriched["text"].to_pylist(), enriched["enrichment"].to_pylist())]
+def embedding_input(text: str, enrichment: str | None, delimiter: str) -> str:
+    """Return text + delimiter + enrichment for one chunk (text alone when there is no enrichment)."""
+    return text if not enrichment else f"{text}{delimiter}{enrichment}"
+
+
+def embedding_inputs(enriched: pa.Table, delimiter: str) -> tuple[pa.Table, list[str], list[DocumentFailure]]:
+    """Return each chunk's embedding input; a document whose input cannot be built leaves with its chunks."""
+    rows = zip(enriched["doc_id"].to_pylist(), enriched["text"].to_pylist(), enriched["enrichment"].to_pylist())
+    built, failures = each_document(lambda r: (r[0], embedding_input(r[1], r[2], delimiter)),
+                                    ((r[0], r) for r in rows), "embed")
+    if not failures:
+        return enriched, [text for _, text in built], []
+    failed = {f.doc_id for f in failures}
+    return without_documents(enriched, failed), [text for d, text in built if d not in failed], failures
+
 
 
 def embed_key(text: str, fingerprint: str, title: str | None = None) -> str:
@@ -51,10 +71,12 @@ BatchCall = Callable[[list[str], list[str | None], list[str]], np.ndarray]
 
 def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None], embedder: Embedder,
                  cached: pa.Table, batch_size: int, batch_call: BatchCall | None = None,
-                 advance: Callable[[int], None] | None = None) -> pa.Table:
+                 advance: Callable[[int], None] | None = None) -> tuple[pa.Table, list[DocumentFailure]]:
     """Attach vectors: cached (embed_key, truncated, vector) rows reused, the rest embedded once per key.
 
     With batch_call, every missing key goes to it at once (Gemini Batch Mode) instead of batch_size at a time.
+    An input the embedder raises on (alone: a failing call is halved until the input is found) fails its
+    documents, which leave the table; an outage (tasks/isolate.py) fails the run.
     """
     keys = [embed_key(t, embedder.fingerprint, title) for t, title in zip(inputs, titles)]
     title_of = dict(zip(keys, titles))
@@ -69,14 +91,29 @@ def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None]
         fresh_trunc = embedder.truncated(texts)
         if advance is not None:
             advance(len(todo))
-    else:
+    rejected: dict[str, BaseException] = {}
+    if batch_call is None:
+        fresh_trunc = [False] * len(todo)
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
-            texts = [text_of[k] for k in batch]
-            fresh_vecs[start : start + len(texts)] = embedder.embed(texts, [title_of[k] for k in batch])
-            fresh_trunc.extend(embedder.truncated(texts))
+
+            def call(rows: list[int], start: int = start, batch: list[str] = batch) -> None:
+                texts = [text_of[batch[r]] for r in rows]
+                fresh_vecs[np.asarray(rows, dtype=np.int64) + start] = embedder.embed(texts, [title_of[batch[r]]
+                                                                                            for r in rows])
+                for r, cut in zip(rows, embedder.truncated(texts)):
+                    fresh_trunc[start + r] = cut
+
+            bad = failing_items(call, range(len(batch)), model_fails_run)
+            rejected.update({batch[r]: exc for r, exc in bad.items()})
             if advance is not None:
-                advance(len(texts))
+                advance(len(batch))
+    failures = rejected_documents(enriched["doc_id"].to_pylist(), keys, rejected, "embed")
+    if failures:  # the failed documents leave with all their chunks: no document is indexed in part
+        failed = {f.doc_id for f in failures}
+        keep = [d not in failed for d in enriched["doc_id"].to_pylist()]
+        enriched = enriched.filter(pa.array(keep, pa.bool_()))
+        keys = [k for k, kept in zip(keys, keep) if kept]
     fresh = {k: i for i, k in enumerate(todo)}
     cached_vecs = cached["vector"].combine_chunks().flatten().to_numpy().reshape(-1, embedder.dim) if known else None
     cached_trunc = cached["truncated"].to_pylist()
@@ -96,7 +133,8 @@ def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None]
             .append_column("embedder", pa.array([embedder.fingerprint] * n, pa.string()))
             .append_column("embedded_now", pa.array(now, pa.bool_()))
             .append_column("truncated", pa.array(truncated, pa.bool_()))
-            .append_column("vector", _vector_column(vectors, embedder.dim)))
+            .append_column("vector", _vector_column(vectors, embedder.dim))), failures
+
 
 
 def embedding_usage(embedder: Embedder, embedded: pa.Table, inputs: list[str], cfg: EmbeddingConfig,
@@ -147,8 +185,8 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
     schema = embedded_chunks_schema(spec.dim)
     if enriched.num_rows == 0:  # nothing to embed: do not load a model for it
         return {"path": write_artifact(schema.empty_table(), run_dir, "embedded_chunks", schema),
-                "usage": {k: 0 for k in EMBED_USAGE}}
-    inputs = embedding_inputs(enriched, enrichment.delimiter)
+                "usage": {k: 0 for k in EMBED_USAGE}, "extracted": extracted_path}
+    enriched, inputs, failures = embedding_inputs(enriched, enrichment.delimiter)
     titles: list[str | None] = [None] * len(inputs)
     if spec.uses_titles:
         extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
@@ -167,11 +205,16 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
         report = report_batch_job("gemini-embedding-batch-job")
         batch_call = lambda texts, ts, ks: run_batch(texts, ts, ks, ledger, polling, report)  # noqa: E731
     with stage_progress("embed", len(pending)) as advance:
-        embedded = embed_chunks(enriched, inputs, titles, embedder, cached, cfg.batch_size, batch_call, advance)
+        embedded, rejected = embed_chunks(enriched, inputs, titles, embedder, cached, cfg.batch_size, batch_call,
+                                          advance)
+    if rejected:  # their chunks left the table: keep the inputs the usage is counted over in step with it
+        gone = {f.doc_id for f in rejected}
+        inputs = [t for t, d in zip(inputs, enriched["doc_id"].to_pylist()) if d not in gone]
+        failures += rejected
     made = sum(embedded["embedded_now"].to_pylist())
     get_run_logger().info("embedded %d of %d chunks (%d reused, %d truncated by the model)", made,
                           embedded.num_rows, embedded.num_rows - made, sum(embedded["truncated"].to_pylist()))
     path = write_artifact(embedded, run_dir, "embedded_chunks", schema)
     uncommitted.remember("embed", embedded.filter(embedded["embedded_now"])["embed_key"].to_pylist(), path)
     return {"path": path, "usage": embedding_usage(embedder.inner, embedded, inputs, cfg, pricing),
-            "model_seconds": embedder.seconds}
+            "model_seconds": embedder.seconds, "extracted": quarantined_by(failures, extracted_path, run_dir, "embedded")}

@@ -22,8 +22,17 @@ from schemas.arrow import (
     EXTRACTED_SCHEMA,
 )
 from schemas.config import EnrichmentConfig, PricingConfig
+from schemas.errors import DocumentFailure
 from tasks import uncommitted
 from tasks.artifacts import read_artifact, report_batch_job, write_artifact
+from tasks.isolate import (
+    each_document,
+    failing_items,
+    model_fails_run,
+    quarantined_by,
+    rejected_documents,
+    without_documents,
+)
 from tasks.progress import stage_progress
 from tasks.stage import stage
 
@@ -49,10 +58,22 @@ def document_texts(chunks: pa.Table) -> dict[str, str]:
     return {d: "\n\n".join(t) for d, t in parts.items()}
 
 
-def enrich_inputs(chunks: pa.Table, titles: dict[str, str | None]) -> list[EnrichInput]:
-    """Return what the enricher sees of each chunk."""
-    return [EnrichInput(r["text"], titles.get(r["doc_id"]), tuple(r["heading_path"] or ()))
-            for r in chunks.select(["doc_id", "text", "heading_path"]).to_pylist()]
+def enrich_input(row: dict, title: str | None) -> EnrichInput:
+    """Return what the enricher sees of one chunk row."""
+    return EnrichInput(row["text"], title, tuple(row["heading_path"] or ()))
+
+
+def enrich_inputs(chunks: pa.Table, titles: dict[str, str | None]) -> tuple[pa.Table, list[EnrichInput],
+                                                                          list[DocumentFailure]]:
+    """Return what the enricher sees of each chunk; a document whose input cannot be built leaves with its chunks."""
+    rows = chunks.select(["doc_id", "text", "heading_path"]).to_pylist()
+    built, failures = each_document(lambda r: (r["doc_id"], enrich_input(r, titles.get(r["doc_id"]))),
+                                    ((r["doc_id"], r) for r in rows), "enrich")
+    if not failures:
+        return chunks, [item for _, item in built], []
+    failed = {f.doc_id for f in failures}
+    return without_documents(chunks, failed), [item for d, item in built if d not in failed], failures
+
 
 
 BatchCall = Callable[[list[EnrichInput], list[str | None], list[str]], list[str | None]]
@@ -61,17 +82,20 @@ BatchCall = Callable[[list[EnrichInput], list[str | None], list[str]], list[str 
 def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher | None,
                   cached: dict[str, str], documents: list[str | None] | None = None, batch_size: int = 50,
                   batch_call: BatchCall | None = None, keys: list[str] | None = None,
-                  advance: Callable[[int], None] | None = None) -> pa.Table:
+                  advance: Callable[[int], None] | None = None) -> tuple[pa.Table, list[DocumentFailure]]:
     """Add enrichment columns; call the enricher only for keys not in cached (each key once).
 
     With batch_call, every missing key goes to it at once (Gemini Batch Mode) instead of batch_size at a time.
-    keys: the rows' cache keys when the caller has them already.
+    keys: the rows' cache keys when the caller has them already. An input the enricher raises on (alone: a
+    failing call is halved until the input is found) fails its documents, which leave the table; an outage
+    fails the run.
     """
     n = chunks.num_rows
     if enricher is None:
         nulls = pa.nulls(n, pa.string())
         return chunks.append_column("enrichment", nulls.cast(pa.large_string())).append_column(
-            "enricher", nulls).append_column("enrich_key", nulls).append_column("enriched_now", pa.array([False] * n))
+            "enricher", nulls).append_column("enrich_key", nulls).append_column("enriched_now",
+                                                                                 pa.array([False] * n)), []
     docs = documents or [None] * n
     keys = keys or [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, docs)]
     todo = {k: (i, d) for k, i, d in zip(keys, items, docs) if k not in cached}
@@ -83,12 +107,25 @@ def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher
         if advance is not None:
             advance(len(pending))
         pending = []
+    rejected: dict[str, BaseException] = {}
     for start in range(0, len(pending), batch_size):
         batch = pending[start : start + batch_size]
-        answers = enricher.enrich([i for _, (i, _) in batch], [d for _, (_, d) in batch])
-        fresh.update(zip([k for k, _ in batch], answers))
+
+        def call(rows: list[int], batch: list = batch) -> None:
+            answers = enricher.enrich([batch[r][1][0] for r in rows], [batch[r][1][1] for r in rows])
+            fresh.update(zip([batch[r][0] for r in rows], answers))
+
+        bad = failing_items(call, range(len(batch)), model_fails_run)
+        rejected.update({batch[r][0]: exc for r, exc in bad.items()})
         if advance is not None:
             advance(len(batch))
+    failures = rejected_documents(chunks["doc_id"].to_pylist(), keys, rejected, "enrich")
+    if failures:
+        failed = {f.doc_id for f in failures}
+        keep = [d not in failed for d in chunks["doc_id"].to_pylist()]
+        chunks = chunks.filter(pa.array(keep, pa.bool_()))
+        keys = [k for k, kept in zip(keys, keep) if kept]
+        n = chunks.num_rows
     values = [fresh[k] if k in fresh else cached.get(k) for k in keys]
     # A failed enrichment keeps the enricher but no key: the chunk is indexed on its text and
     # marked, and the cache cannot serve it, so the next run asks again.
@@ -101,7 +138,7 @@ def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher
     return (chunks.append_column("enrichment", pa.array(values, pa.large_string()))
             .append_column("enricher", pa.array([enricher.fingerprint] * n, pa.string()))
             .append_column("enrich_key", pa.array(keys, pa.string()))
-            .append_column("enriched_now", pa.array(now, pa.bool_())))
+            .append_column("enriched_now", pa.array(now, pa.bool_()))), failures
 
 
 def failed_enrichments(enriched: pa.Table) -> int:
@@ -158,11 +195,13 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
     """Enrich chunks whose enrichment is not already stored; write enriched_chunks; return its path and usage."""
     chunks = read_artifact(chunks_path, CHUNKS_SCHEMA)
     enricher = make_enricher(cfg) if cfg.enabled else None
+    failures: list[DocumentFailure] = []
     if enricher is None:  # enrichment off: null columns, nothing to look up or build
         items: list[EnrichInput] = []
     else:
         extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
-        items = enrich_inputs(chunks, dict(zip(extracted["doc_id"].to_pylist(), extracted["title"].to_pylist())))
+        chunks, items, failures = enrich_inputs(chunks, dict(zip(extracted["doc_id"].to_pylist(),
+                                                                 extracted["title"].to_pylist())))
     documents: list[str | None] = [None] * len(items)
     if enricher is not None and cfg.kind == "context" and items:  # the whole document goes into the prompt
         text_of = document_texts(chunks)
@@ -183,8 +222,14 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
         report = report_batch_job("gemini-batch-job")
         batch_call = lambda its, docs, ks: run_batch(its, docs, ks, ledger, polling, report)
     with stage_progress("enrich", len(set(keys) - cached.keys())) as advance:
-        enriched = enrich_chunks(chunks, items, enricher, cached, documents, cfg.batch_size, batch_call,
-                                 keys or None, advance)
+        enriched, rejected = enrich_chunks(chunks, items, enricher, cached, documents, cfg.batch_size, batch_call,
+                                           keys or None, advance)
+    if rejected:  # their chunks left the table: keep what the usage is counted over in step with it
+        gone = {f.doc_id for f in rejected}
+        kept = [d not in gone for d in chunks["doc_id"].to_pylist()]
+        items = [i for i, k in zip(items, kept) if k]
+        documents = [d for d, k in zip(documents, kept) if k]
+        failures += rejected
     usage = enrichment_usage(enricher, before, enriched, items, documents, cfg, pricing)
     made = sum(enriched["enriched_now"].to_pylist())
     failed = failed_enrichments(enriched)
@@ -195,4 +240,5 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
                               chunks.num_rows, chunks.num_rows - made - failed, failed)
     path = write_artifact(enriched, run_dir, "enriched_chunks", ENRICHED_CHUNKS_SCHEMA)
     uncommitted.remember("enrich", enriched.filter(enriched["enriched_now"])["enrich_key"].to_pylist(), path)
-    return {"path": path, "usage": usage}
+    return {"path": path, "usage": usage, "extracted": quarantined_by(failures, extracted_path, run_dir, "enriched")}
+

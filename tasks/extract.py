@@ -18,7 +18,7 @@ import yaml
 
 from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA
 from schemas.config import ExtractionConfig
-from schemas.errors import ExtractionError
+from schemas.errors import ExtractionError, unexpected
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.clean import (
     clean_html,
@@ -283,12 +283,12 @@ def open_pdf(data: bytes) -> tuple[object | None, str | None]:
     """Open a PDF with pypdf, trying the empty user password; return (reader, complaint about damage).
 
     A PDF that needs a real password is refused as encrypted. pypdf is stricter than pdfminer, so a
-    complaint does not stop extraction: it explains the verdict if nothing else can read the file.
+    complaint does not stop extraction: it explains the verdict if nothing else can read the file. Any
+    exception pypdf raises on the bytes is such a complaint (a damaged catalog gave AttributeError).
     """
     import io
 
     from pypdf import PdfReader
-    from pypdf.errors import PyPdfError
 
     try:
         reader = PdfReader(io.BytesIO(data))
@@ -296,7 +296,9 @@ def open_pdf(data: bytes) -> tuple[object | None, str | None]:
         if reader.is_encrypted and not reader.decrypt(""):
             raise ExtractionError("encrypted", "the PDF needs a user password")
         len(reader.pages)
-    except (PyPdfError, ValueError, KeyError, TypeError, AssertionError, RecursionError, OSError) as exc:
+    except ExtractionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a parser of untrusted bytes: whatever it raises is damage
         return None, f"{type(exc).__name__}: {exc}"[:300]
     return reader, None
 
@@ -317,6 +319,9 @@ def pypdf_elements(doc_id: str, reader: object) -> list[dict]:
 
 
 def _classify_failure(exc: Exception, kind: str) -> ExtractionError:
+    if isinstance(exc, (ImportError, MemoryError, RecursionError)):
+        # Not the file's damage: a missing library (systemic if it hits most documents) or a resource limit.
+        return unexpected(exc)
     name = type(exc).__name__
     text = f"{name}: {exc}"[:500]
     if "Password" in name or "password" in str(exc).lower() or "decrypt" in str(exc).lower():
@@ -450,6 +455,21 @@ def read_document(path: str, cfg: ExtractionConfig, member: str | None = None,
         raise ExtractionError("unreadable", exc.strerror or str(exc)) from exc
 
 
+def extract_isolated(doc_id: str, path: str, cfg: ExtractionConfig, member: str | None = None,
+                     detect: bool = False, storage_options: dict | None = None) -> Extracted | ExtractionError:
+    """Extract one document, returning the error that quarantines it instead of raising (the per-document boundary).
+
+    Any exception counts, MemoryError and RecursionError included: parsers are untrusted code. Returned, not
+    raised, so that it crosses back from a worker process whatever the exception's own pickling.
+    """
+    try:
+        return extract_document(doc_id, path, cfg, member, detect, storage_options)
+    except ExtractionError as exc:
+        return exc
+    except Exception as exc:  # noqa: BLE001 - the boundary is the document
+        return unexpected(exc)
+
+
 def extract_document(doc_id: str, path: str, cfg: ExtractionConfig, member: str | None = None,
                      detect: bool = False, storage_options: dict | None = None) -> Extracted:
     """Read and extract one file (or bundle page, or object); raise ExtractionError with a reason code on failure."""
@@ -508,19 +528,26 @@ class ExtractionPool:
 
     def submit(self, doc_id: str, path: str, detect: bool = False, storage_options: dict | None = None) -> object:
         """Schedule one document; its time limit starts when a worker picks it up."""
-        return self._pool.schedule(extract_document, args=(doc_id, path, self._cfg, None, detect, storage_options),
+        return self._pool.schedule(extract_isolated, args=(doc_id, path, self._cfg, None, detect, storage_options),
                                    timeout=self._cfg.timeout_s)
 
     def result(self, future: object) -> Extracted:
-        """Wait for one document; raise ExtractionError for a time-out or a dead worker."""
+        """Wait for one document; raise ExtractionError for a time-out, a dead worker or anything it raised."""
         from pebble import ProcessExpired
 
         try:
-            return future.result()
+            result = future.result()
         except TimeoutError:
             raise ExtractionError("timeout", f"extraction ran past the {self._cfg.timeout_s:g} s limit") from None
         except ProcessExpired as exc:
             raise ExtractionError("corrupt", f"the parser process died (exit code {exc.exitcode})") from None
+        except ExtractionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever came back from the worker is this document's
+            raise unexpected(exc) from None
+        if isinstance(result, ExtractionError):
+            raise result
+        return result
 
     def close(self) -> None:
         """Stop the workers."""
@@ -596,19 +623,14 @@ def _in_process(doc: dict) -> bool:
 
 def _quarantined(doc: dict, exc: ExtractionError) -> dict:
     return {"doc_id": doc["doc_id"], "title": None, "status": "quarantined", "reason": exc.reason,
-            "message": exc.message, "content_hash": doc["content_hash"]}
+            "message": exc.message, "content_hash": doc["content_hash"], "stage": "extract",
+            "error_type": exc.error_type}
 
 
 def _extract_inline(docs: list[dict], cfg: ExtractionConfig, storage: dict[str, dict]) -> list[Extracted | ExtractionError]:
     """Extract documents in this process (or a CPU-pool worker): each one's result, or the error that quarantines it."""
-    out: list[Extracted | ExtractionError] = []
-    for doc in docs:
-        try:
-            out.append(extract_document(doc["doc_id"], doc["path"], cfg, doc.get("member"), doc["language"] is None,
-                                        storage.get(doc["source"])))
-        except ExtractionError as exc:
-            out.append(exc)
-    return out
+    return [extract_isolated(doc["doc_id"], doc["path"], cfg, doc.get("member"), doc["language"] is None,
+                             storage.get(doc["source"])) for doc in docs]
 
 
 def extract_documents(documents: pa.Table, cfg: ExtractionConfig, advance: Callable[[int], None] | None = None,
@@ -641,13 +663,15 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig, advance: Calla
             result = pool.result(future) if future else inline_results[doc["doc_id"]]
             if isinstance(result, ExtractionError):
                 raise result
+            row = {"doc_id": doc["doc_id"], "title": result.title, "status": "ok", "reason": None, "message": None,
+                   "content_hash": result.content_hash, **merged_metadata(doc, result.metadata)}
         except ExtractionError as exc:
             extracted.append(_quarantined(doc, exc))
+        except Exception as exc:  # noqa: BLE001 - reading its metadata is part of this document's extraction
+            extracted.append(_quarantined(doc, unexpected(exc)))
         else:
             elements.extend(result.elements)
-            extracted.append({"doc_id": doc["doc_id"], "title": result.title, "status": "ok",
-                              "reason": None, "message": None, "content_hash": result.content_hash,
-                              **merged_metadata(doc, result.metadata)})
+            extracted.append(row)
         if advance is not None:
             advance(1)
     return (pa.Table.from_pylist(elements, schema=ELEMENTS_SCHEMA),

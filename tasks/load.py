@@ -128,14 +128,36 @@ def document_rows(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, 
     return pa.Table.from_pylist(rows, schema=DOCUMENT_ROWS_SCHEMA)
 
 
-def quarantine_rows(documents: pa.Table, extracted: pa.Table, run_id: str, now: datetime) -> pa.Table:
-    """Build quarantine rows for documents that failed in this run."""
+def quarantine_rows(documents: pa.Table, extracted: pa.Table, run_id: str, now: datetime,
+                    previous: pa.Table | None = None) -> pa.Table:
+    """Build quarantine rows for documents that failed in this run.
+
+    previous: the stored quarantine rows of these documents; a document still quarantined keeps its `since`
+    and counts one more attempt (a row of an older Inlet, without them, counts as its first).
+    """
     by_id = {r["doc_id"]: r for r in documents.to_pylist()}
-    rows = [{"doc_id": e["doc_id"], "source": by_id[e["doc_id"]]["source"], "uri": by_id[e["doc_id"]]["uri"],
-             "stage": "extract", "reason": e["reason"], "message": e["message"],
-             "content_hash": e["content_hash"], "run_id": run_id, "at": now}
-            for e in extracted.to_pylist() if e["status"] == "quarantined"]
+    before = {r["doc_id"]: r for r in previous.to_pylist()} if previous is not None else {}
+    rows = []
+    for e in extracted.to_pylist():
+        if e["status"] != "quarantined":
+            continue
+        old = before.get(e["doc_id"])
+        since = now if old is None else (old.get("since") or old["at"])
+        attempts = 1 if old is None else (old.get("attempts") or 1) + 1
+        rows.append({"doc_id": e["doc_id"], "source": by_id[e["doc_id"]]["source"], "uri": by_id[e["doc_id"]]["uri"],
+                     "stage": e["stage"] or "extract", "reason": e["reason"], "message": e["message"],
+                     "content_hash": e["content_hash"], "run_id": run_id, "at": now, "since": since,
+                     "attempts": attempts})
     return pa.Table.from_pylist(rows, schema=QUARANTINE_SCHEMA)
+
+
+def stored_quarantine(db: lancedb.DBConnection, doc_ids: list[str]) -> pa.Table | None:
+    """Return the quarantine rows the store holds for doc_ids (None when there are none to look for)."""
+    table = open_table(db, QUARANTINE) if doc_ids else None
+    if table is None:
+        return None
+    ensure_columns(table, QUARANTINE_SCHEMA)
+    return select_where_in(table, "doc_id", doc_ids, QUARANTINE_SCHEMA.names, QUARANTINE_SCHEMA)
 
 
 # --- commits ----------------------------------------------------------------------------------
@@ -371,7 +393,8 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
     # Quarantine rows before the documents rows: those are what tells the next run that this group's documents
     # are done. Committed after them, a kill in between left the list behind for good: a fixed document still
     # listed, a newly failed one missing (its documents row already held its hash, so no run did it again).
-    quarantined = quarantine_rows(documents, extracted, run_id, now)
+    failed = _ids(extracted, pc.equal(extracted["status"], "quarantined"))
+    quarantined = quarantine_rows(documents, extracted, run_id, now, stored_quarantine(db, failed))
     result.docs_quarantined = quarantined.num_rows
     q_version = upsert_keyed(db, QUARANTINE, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
     failpoint("quarantine-committed")
@@ -484,16 +507,19 @@ class Writer:
         """Tell whether the run's documents leave the last group nothing to commit (no deletions, nothing touched)."""
         return _settled(read_artifact(self._documents, DOCUMENTS_SCHEMA), [], last=True).num_rows == 0
 
-    def add(self, batch: dict) -> None:
+    def add(self, batch: dict, *, hold: bool = False) -> None:
         """Take a finished batch ({extracted, embedded, rows}); commit the group once it holds commit_rows rows.
 
         A run that has committed nothing when only its last batch is still to come commits then, and builds
         the full-text index then, while that batch runs: done after it, both left the other core idle (a cold
         run of the bench corpus spent ~1.6 s there). The last batch's rows are then searched without the
         index, as any run's new rows are up to MAX_UNINDEXED, until a later run or maintenance folds them in.
+        hold: commit nothing yet (the systemic-failure breaker is undecided; finish() commits what was held).
         """
         self._pending.append(batch)
         self._received += 1
+        if hold:
+            return
         if sum(b["rows"] for b in self._pending) >= self._commit_rows:
             self._commit(last=False)
         elif not self._committed and self._batches - self._received == 1:

@@ -17,6 +17,7 @@ import threading
 import types
 from dataclasses import dataclass, field
 from functools import cache
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -32,8 +33,9 @@ from schemas.arrow import (
     embedded_chunks_schema,
 )
 from schemas.config import ACCESS_LEVELS, QualityConfig
-from schemas.errors import DataQualityError
+from schemas.errors import DataQualityError, DocumentFailure
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.isolate import fails_the_run, failing_items, quarantined_by, without_documents
 from tasks.memory import freeze_imports
 from tasks.stage import stage
 
@@ -390,6 +392,28 @@ def quarantine_invalid(extracted: pa.Table, embedded: pa.Table, reasons: dict[st
     return pa.Table.from_pylist(rows, schema=extracted.schema), embedded.filter(keep)
 
 
+def validate_documents(views: dict[str, pa.Table], suite_of: dict[str, dict[str, list[Check]]]
+                       ) -> tuple[list[Outcome], list[DocumentFailure]]:
+    """Validate every view; if GX raises, find the documents it raises on (halving) and validate the others.
+
+    A validation is one call over the batch, not one per document: only a failure pays for the search.
+    """
+    def run(keep: Sequence[str] | None) -> list[Outcome]:
+        chosen = views if keep is None else {f: t.filter(pc.is_in(t["doc_id"], value_set=pa.array(keep, pa.string())))
+                                             for f, t in views.items()}
+        return [o for frame, table in chosen.items() for o in validate_together(table, suite_of[frame])]
+
+    try:
+        return run(None), []
+    except Exception as exc:  # noqa: BLE001 - sorted below into the run's failure or some documents'
+        if fails_the_run(exc):
+            raise
+    ids = sorted({d for t in views.values() for d in t["doc_id"].to_pylist()})
+    bad = failing_items(lambda rows: run([ids[r] for r in rows]), range(len(ids)), fails_the_run)
+    failures = [DocumentFailure.of(ids[r], "validate", exc) for r, exc in sorted(bad.items())]
+    return run([d for r, d in enumerate(ids) if r not in bad]), failures
+
+
 def outcome_rows(outcomes: list[Outcome], sizes: dict[str, int]) -> list[dict]:
     """Summarise outcomes for the run report: one row per artifact and check."""
     return [{"artifact": o.artifact, "check": o.check, "severity": o.severity, "rows": sizes.get(o.artifact, 0),
@@ -412,9 +436,13 @@ def validate_stage(documents_path: str, elements_path: str, extracted_path: str,
     default = suites(max_tokens + 16, dim)
     tables = {"documents": documents, "elements": elements, "chunks+embedded_chunks": embedded}
     views = {frame: table.select(list(VIEW_COLUMNS[frame])) for frame, table in tables.items()}
-    outcomes = [o for frame, table in views.items()
-                for o in validate_together(table, {a: with_severities(default[a], a, cfg.severity)
-                                                   for a in FRAMES[frame]})]
+    suite_of = {frame: {a: with_severities(default[a], a, cfg.severity) for a in FRAMES[frame]} for frame in views}
+    outcomes, failures = validate_documents(views, suite_of)
+    if failures:  # documents GX raised on: quarantined, their rows out of what is committed
+        extracted_path = quarantined_by(failures, extracted_path, run_dir, "validating")
+        extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
+        embedded = without_documents(embedded, [f.doc_id for f in failures])
+        views = {frame: without_documents(table, [f.doc_id for f in failures]) for frame, table in views.items()}
     sizes = {a: table.num_rows for frame, table in views.items() for a in FRAMES[frame]}
     summary = outcome_rows(outcomes, sizes)
     reasons = gate(outcomes)  # a failed `fail` check raises here, before anything is committed
@@ -423,7 +451,7 @@ def validate_stage(documents_path: str, elements_path: str, extracted_path: str,
         if row["failed"]:
             logger.warning("check %s.%s (%s): %d of %d rows failed", row["artifact"], row["check"],
                            row["severity"], row["failed"], row["rows"])
-    if not reasons:  # nothing held back: the artifacts stand as they are
+    if not reasons and not failures:  # nothing held back: the artifacts stand as they are
         return {"extracted": extracted_path, "embedded": embedded_path, "validation": summary}
     extracted, embedded = quarantine_invalid(extracted, embedded, reasons)
     return {"extracted": write_artifact(extracted, run_dir, "extracted-validated", EXTRACTED_SCHEMA),

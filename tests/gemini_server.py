@@ -19,6 +19,7 @@ import numpy as np
 
 _ROUTE = re.compile(r"^/v1(?:beta)?/models/(?P<model>[^:/]+):(?P<method>\w+)$")
 _BATCH = re.compile(r"^/v1(?:beta)?/batches/(?P<job>[^:/]+)$")
+_STATUS_NAMES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL"}
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Faults:
     p_batch_row_error: float = 0.0  # rows of a finished batch job that come back as errors
     retry_delay_s: float = 1
     seed: int = 7
+    reject_text: str | None = None  # an embedding request holding a text with this in it is refused (400)
 
 
 @dataclass
@@ -88,7 +90,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _error(self, status: int, message: str, details: list | None = None) -> None:
-        status_name = {429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 404: "NOT_FOUND"}.get(status, "UNKNOWN")
+        status_name = _STATUS_NAMES.get(status, "UNKNOWN")
         error = {"code": status, "message": message, "status": status_name}
         if details:
             error["details"] = details
@@ -265,6 +267,11 @@ class _Handler(BaseHTTPRequestHandler):
         requests = payload.get("requests", [])
         if len(requests) > 100:
             self._error(400, "at most 100 requests can be in one batch")
+            return
+        marker = self.server.faults.reject_text
+        if marker is not None and any(marker in _text_of(r["content"]) for r in requests):
+            # Gemini's answer to an input it will not take, whatever the retries: the input's fault, not the service's.
+            self._error(400, "Request contains an invalid argument.")
             return
         with self.server.lock:
             self.server.traffic.embed_batch_sizes.append(len(requests))

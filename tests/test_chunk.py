@@ -52,7 +52,7 @@ def _md(text: str, doc_id: str = "d") -> pa.Table:
 
 
 def _chunks(text: str, **cfg) -> list[dict]:
-    return chunk_elements(_md(text), ChunkingConfig(**cfg)).to_pylist()
+    return chunk_elements(_md(text), ChunkingConfig(**cfg))[0].to_pylist()
 
 
 def test_fenced_comment_is_not_a_heading():
@@ -141,7 +141,7 @@ def test_pages_follow_elements():
         "text": ["Intro", "first page text", "Money", "second page text"],
         "heading_level": pa.array([1, None, 1, None], pa.int32()), "page": pa.array([1, 1, 2, 2], pa.int32()),
     })
-    rows = chunk_elements(elements, ChunkingConfig()).to_pylist()
+    rows = chunk_elements(elements, ChunkingConfig())[0].to_pylist()
     assert [(r["heading_path"], r["page_start"], r["page_end"]) for r in rows] == [(["Intro"], 1, 1), (["Money"], 2, 2)]
     assert rows[1]["text"] == "# Money\n\nsecond page text"
 
@@ -157,7 +157,7 @@ def test_a_heading_too_long_to_be_one_is_body_text_and_no_chunk_carries_it_in_it
         "text": [title, line, "after it", f"## {line}\n\nmarkdown body"],
         "heading_level": pa.array([1, 1, None, None], pa.int32()), "page": pa.array([1, 1, 1, 1], pa.int32()),
     })
-    rows = chunk_elements(elements, ChunkingConfig(max_tokens=512, overlap_tokens=0)).to_pylist()
+    rows = chunk_elements(elements, ChunkingConfig(max_tokens=512, overlap_tokens=0))[0].to_pylist()
     assert len(rows) > 2
     assert {tuple(r["heading_path"]) for r in rows} == {(title,)}
     text = " ".join(r["text"] for r in rows)
@@ -171,7 +171,7 @@ def test_windows_never_split_a_character():
     for strategy in ("markdown", "fixed"):
         cfg = ChunkingConfig(strategy=strategy, max_tokens=37, overlap_tokens=11)
         rows = [{"doc_id": "d", "element_index": 0, "kind": "text", "text": text, "heading_level": None, "page": None}]
-        chunks = chunk_elements(pa.Table.from_pylist(rows), cfg).to_pylist()
+        chunks = chunk_elements(pa.Table.from_pylist(rows), cfg)[0].to_pylist()
         assert len(chunks) > 5
         assert not [c["text"] for c in chunks if "\ufffd" in c["text"]], strategy
 
@@ -220,6 +220,6 @@ def test_stored_token_counts_are_each_chunks_own_count(shared_corpora):
              "heading_level": None, "page": None} for i, p in enumerate(files)]
     for cfg in (ChunkingConfig(max_tokens=512, overlap_tokens=64), ChunkingConfig(max_tokens=120, overlap_tokens=20,
                                                                                    merge_small_sections=True)):
-        chunks = chunk_elements(pa.Table.from_pylist(rows), cfg).to_pylist()
+        chunks = chunk_elements(pa.Table.from_pylist(rows), cfg)[0].to_pylist()
         assert len(chunks) > len(files)
         assert all(c["token_count"] == count_tokens(c["text"]) for c in chunks)
