@@ -74,6 +74,7 @@ def _rows(config: Path, table: str) -> list[dict]:
 
 
 POISONS = [("extract", AttributeError("'NumberObject' object has no attribute 'items'"), "extract"),
+           ("extract", MemoryError(), "extract"),
            ("chunk", IndexError("list index out of range"), "chunk"),
            ("enrich input", RecursionError("maximum recursion depth exceeded"), "enrich"),
            ("embed input", AttributeError("'NoneType' object has no attribute 'strip'"), "embed"),
@@ -83,7 +84,7 @@ POISONS = [("extract", AttributeError("'NumberObject' object has no attribute 'i
 
 
 @pytest.mark.usefixtures("prefect_harness")
-@pytest.mark.parametrize(("where", "exc", "stage"), POISONS, ids=[p[0] for p in POISONS])
+@pytest.mark.parametrize(("where", "exc", "stage"), POISONS, ids=[f"{p[0]}-{type(p[1]).__name__}" for p in POISONS])
 def test_a_document_that_raises_in_any_stage_is_quarantined_and_the_others_are_indexed(
         where, exc, stage, corpus, write_config, monkeypatch):
     config = write_config(corpus)
@@ -94,7 +95,7 @@ def test_a_document_that_raises_in_any_stage_is_quarantined_and_the_others_are_i
     assert summary["docs_new"] == 5 and summary["docs_quarantined"] == 1
     [quarantined] = summary["quarantined"]
     assert quarantined["doc_id"] == GUIDE and quarantined["reason"] == "error"
-    assert quarantined["message"].startswith(f"{name}: ")
+    assert quarantined["message"] == f"{name}: {exc}" if str(exc) else quarantined["message"] == name
     [row] = _rows(config, "quarantine")
     assert (row["doc_id"], row["stage"], row["reason"]) == (GUIDE, stage, "error")
     documents = {r["doc_id"]: r for r in _rows(config, "documents")}
@@ -161,9 +162,10 @@ def _many(folder: Path, good: int, bad: int) -> Path:
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_the_same_error_on_most_documents_stops_the_run_and_writes_nothing(tmp_path, write_config, monkeypatch):
+@pytest.mark.parametrize("good", [0, 6])
+def test_the_same_error_on_most_documents_stops_the_run_and_writes_nothing(good, tmp_path, write_config, monkeypatch):
     """A broken install (every parser call raising ImportError) is not 24 bad documents: nothing is quarantined."""
-    folder = _many(tmp_path / "notes", good=6, bad=24)
+    folder = _many(tmp_path / "notes", good=good, bad=24)
     # Batches of 6: the first is all good, so only the breaker's hold keeps the writer from committing it.
     config = write_config(folder, execution={"batch_docs": 6})
     real = tasks.chunk.pieces_for_document
@@ -171,13 +173,21 @@ def test_the_same_error_on_most_documents_stops_the_run_and_writes_nothing(tmp_p
         patch.setattr(tasks.chunk, "pieces_for_document", lambda rows, cfg: (
             _boom(ImportError("libmagic.so.1: cannot open shared object file"))() if ":b-bad-" in rows[0]["doc_id"]
             else real(rows, cfg)))
-        with pytest.raises(SystemicFailureError, match=r"24 of 30 documents failed with ImportError") as caught:
+        with pytest.raises(SystemicFailureError, match=rf"24 of {24 + good} documents failed with ImportError") as caught:
             ingest(config_path=str(config))
     assert "sample:b-bad-" in str(caught.value) and "libmagic.so.1" in str(caught.value)
     assert not list(Path(load_config(config).store.uri).glob("*.lance")), "no table written, nothing quarantined"
 
     fixed = ingest(config_path=str(config))
-    assert fixed["docs_new"] == 30 and fixed["docs_quarantined"] == 0
+    assert fixed["docs_new"] == 24 + good and fixed["docs_quarantined"] == 0
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_parsers_past_their_time_limit_cost_their_documents_not_the_run(corpus, write_config):
+    """Every non-Markdown file goes to an extraction worker that is killed at its time limit; the run goes on."""
+    summary = ingest(config_path=str(write_config(corpus, extraction={"timeout_s": 0.01})))
+    assert {q["doc_id"]: q["reason"] for q in summary["quarantined"]} == dict.fromkeys(OTHERS, "timeout")
+    assert {r["doc_id"] for r in _rows(write_config(corpus), "chunks")} == {GUIDE}
 
 
 @pytest.mark.usefixtures("prefect_harness")
