@@ -15,7 +15,7 @@ from providers.tokenizer import count_tokens as _count_tokens
 from providers.tokenizer import encode, encoding, token_offsets
 from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA
 from schemas.config import ChunkingConfig, ChunkStrategy
-from schemas.errors import DocumentFailure
+from schemas.errors import UNEXPECTED, DocumentFailure
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.clean import heading_title
 from tasks.cpu import map_parts, split_by_size
@@ -373,6 +373,15 @@ def _chunk_documents(docs: list[tuple[str, list[dict]]], cfg: ChunkingConfig) ->
     return [r for rows in done for r in rows], failures
 
 
+def _died(doc: tuple[str, list[dict]]) -> tuple[list[dict], list[DocumentFailure]]:
+    """A document whose chunking killed the worker process, twice: no chunks, a failure."""
+    return [], [DocumentFailure(doc[0], "chunk", UNEXPECTED, "the worker process chunking it died", "WorkerDied")]
+
+
+def _joined(results: list[tuple[list[dict], list[DocumentFailure]]]) -> tuple[list[dict], list[DocumentFailure]]:
+    return [r for rows, _ in results for r in rows], [f for _, failures in results for f in failures]
+
+
 def chunk_elements(elements: pa.Table, cfg: ChunkingConfig) -> tuple[pa.Table, list[DocumentFailure]]:
     """Chunk every document in the elements table, in doc_id order (parts on the CPU pool when there is one).
 
@@ -383,7 +392,7 @@ def chunk_elements(elements: pa.Table, cfg: ChunkingConfig) -> tuple[pa.Table, l
         by_doc.setdefault(row["doc_id"], []).append(row)
     docs = list(by_doc.items())
     parts = split_by_size(docs, [sum(len(r["text"]) for r in rows) for _, rows in docs])
-    done = map_parts(functools.partial(_chunk_documents, cfg=cfg), parts)
+    done = map_parts(functools.partial(_chunk_documents, cfg=cfg), parts, died=_died, join=_joined)
     return (pa.Table.from_pylist([r for rows, _ in done for r in rows], schema=CHUNKS_SCHEMA),
             [f for _, failures in done for f in failures])
 

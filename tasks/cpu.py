@@ -18,6 +18,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -116,11 +117,33 @@ def split_by_size(items: Sequence[T], sizes: Sequence[int], part_bytes: int | No
     return parts
 
 
-def map_parts(fn: Callable[[T], R], parts: Sequence[T]) -> list[R]:
+def _retire(pool: ProcessPoolExecutor) -> None:
+    """Drop a pool one of whose workers died: the run's later parts run in the batches' threads."""
+    global _POOL, _WORKERS
+    with _LOCK:
+        if _POOL is pool:
+            _POOL, _WORKERS = None, 0
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _alone(fn: Callable[[list[T]], R], item: T, died: Callable[[T], R]) -> R:
+    """Run fn over one item in a process of its own; died(item) if that process dies too."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=worker_context()) as one:
+        try:
+            return one.submit(fn, [item]).result()
+        except BrokenProcessPool:
+            return died(item)
+
+
+def map_parts(fn: Callable[[list[T]], R], parts: Sequence[list[T]], *, died: Callable[[T], R] | None = None,
+              join: Callable[[list[R]], R] | None = None) -> list[R]:
     """Apply fn to every part, on the pool when there is one and more than one part; results in part order.
 
     The pool gets at most one part per worker at a time from this call; the calling thread takes parts
     from the end meanwhile, so the run's own core works too (measured faster than waiting on the pool).
+    A worker that dies (the OOM killer, a crash in a C extension) breaks the pool: with died and join, the
+    pool is retired, the parts it held are done again item by item, each in a process of its own, and an
+    item whose process dies again gets died(item); join puts a part's item results back together.
     """
     pool, workers = cpu_pool()
     if pool is None or len(parts) < 2:
@@ -128,8 +151,9 @@ def map_parts(fn: Callable[[T], R], parts: Sequence[T]) -> list[R]:
     results: list[Any] = [None] * len(parts)
     pending = deque(range(len(parts)))
     running: dict[Future, int] = {}
+    lost: list[int] = []
     while pending or running:
-        while pending and len(running) < workers:
+        while pool is not None and pending and len(running) < workers:
             i = pending.popleft()
             running[pool.submit(fn, parts[i])] = i
         if pending:
@@ -139,5 +163,16 @@ def map_parts(fn: Callable[[T], R], parts: Sequence[T]) -> list[R]:
         else:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
         for future in finished:
-            results[running.pop(future)] = future.result()
+            i = running.pop(future)
+            try:
+                results[i] = future.result()
+            except BrokenProcessPool:
+                if died is None or join is None:
+                    raise
+                lost.append(i)
+                if pool is not None:
+                    _retire(pool)
+                    pool = None
+    for i in lost:  # which item killed the worker is unknown: each alone finds it, the others come through
+        results[i] = join([_alone(fn, item, died) for item in parts[i]])
     return results

@@ -627,6 +627,11 @@ def _quarantined(doc: dict, exc: ExtractionError) -> dict:
             "error_type": exc.error_type}
 
 
+def _died(_doc: dict) -> list[ExtractionError]:
+    """A document whose extraction killed the worker process, twice."""
+    return [ExtractionError("corrupt", "the worker process extracting it died")]
+
+
 def _extract_inline(docs: list[dict], cfg: ExtractionConfig, storage: dict[str, dict]) -> list[Extracted | ExtractionError]:
     """Extract documents in this process (or a CPU-pool worker): each one's result, or the error that quarantines it."""
     return [extract_isolated(doc["doc_id"], doc["path"], cfg, doc.get("member"), doc["language"] is None,
@@ -651,7 +656,8 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig, advance: Calla
     # Markdown and bundle pages: in this process, or shared with the CPU pool when the run has one.
     inline = [d for d in todo if d["size"] <= limit and d["doc_id"] not in futures]
     parts = split_by_size(inline, [d["size"] or 0 for d in inline])
-    done = map_parts(functools.partial(_extract_inline, cfg=cfg, storage=storage), parts)
+    done = map_parts(functools.partial(_extract_inline, cfg=cfg, storage=storage), parts, died=_died,
+                     join=lambda results: [r for part in results for r in part])
     inline_results = {d["doc_id"]: r for part, results in zip(parts, done) for d, r in zip(part, results)}
     elements: list[dict] = []
     extracted: list[dict] = []

@@ -44,3 +44,22 @@ def test_parts_go_to_the_workers_and_the_caller_and_come_back_in_order():
     pids = {r[1] for r in results}
     assert os.getpid() in pids, "the calling thread took parts while the workers started"
     assert len(pids - {os.getpid()}) >= 1, "worker processes took parts too"
+
+
+def _dies_on_13(part: list[tuple[int, int]]) -> list[int]:
+    """A worker process dies on 13, as the OOM killer or a crashing C extension would end it (the caller does not)."""
+    if any(n == 13 and os.getpid() != caller for n, caller in part):
+        os._exit(137)
+    time.sleep(0.05)  # long enough that the workers get their share
+    return [n * 2 for n, _ in part]
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_worker_that_dies_costs_its_item_only_and_the_pool_is_retired():
+    me = os.getpid()
+    parts = [[(n, me) for n in range(k, k + 4)] for k in range(0, 80, 4)]  # a worker takes the part with 13
+    results = map_parts(_dies_on_13, parts, died=lambda item: [-1], join=lambda rs: [x for r in rs for x in r])
+    assert results == [[-1 if n == 13 else n * 2 for n, _ in part] for part in parts], \
+        "every other item of the dead worker's part came through"
+    assert cpu_pool() == (None, 0), "a broken pool is not offered to later parts"
+    assert map_parts(_dies_on_13, [[(1, me)], [(2, me)]]) == [[2], [4]], "later parts run in the calling thread"
