@@ -46,7 +46,8 @@ def _print_summary(summary: dict) -> None:
     table.add_row("table versions", ", ".join(f"{k} {v}" for k, v in summary["versions"].items()))
     _console().print(table)
     for row in summary["quarantined"]:
-        typer.secho(f"  quarantined {row['doc_id']}: {row['reason']}: {row['message']}", fg=typer.colors.YELLOW)
+        typer.secho(f"  quarantined {row['doc_id']} ({row.get('stage', 'extract')}): {row['reason']}: "
+                    f"{row['message']}", fg=typer.colors.YELLOW)
     for notice in summary["notices"]:
         typer.secho(f"  notice: {notice}", fg=typer.colors.YELLOW)
 

@@ -58,7 +58,8 @@ def summarize_run(documents: pa.Table, extracted: pa.Table, texts: dict[str, int
         **{k: load[k] for k in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written")},
         **{k: texts.get(k, 0) for k in ("texts_enriched", "texts_embedded", "texts_truncated", "texts_enrich_failed")},
         **total_usage(usage or {}),
-        "quarantined": [{"doc_id": f["doc_id"], "reason": f["reason"], "message": f["message"]} for f in failed],
+        "quarantined": [{"doc_id": f["doc_id"], "stage": f["stage"] or "extract", "reason": f["reason"],
+                         "message": f["message"]} for f in failed],
     }
 
 
@@ -109,8 +110,9 @@ def quarantine_markdown(quarantined: list[dict], notices: list[str], validation:
     """The run's quarantine list, data-quality results and notices as markdown (an empty list says so)."""
     lines = [f"## Quarantined documents ({len(quarantined)})", ""]
     if quarantined:
-        lines += ["| document | reason | message |", "|---|---|---|"]
-        lines += [f"| {_cell(q['doc_id'])} | {q['reason']} | {_cell(q['message'])} |" for q in quarantined]
+        lines += ["| document | stage | reason | message |", "|---|---|---|---|"]
+        lines += [f"| {_cell(q['doc_id'])} | {q.get('stage', 'extract')} | {q['reason']} | {_cell(q['message'])} |"
+                  for q in quarantined]
     else:
         lines.append("None: every document that changed was indexed.")
     if validation:

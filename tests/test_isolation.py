@@ -94,7 +94,7 @@ def test_a_document_that_raises_in_any_stage_is_quarantined_and_the_others_are_i
     name = type(exc).__name__
     assert summary["docs_new"] == 5 and summary["docs_quarantined"] == 1
     [quarantined] = summary["quarantined"]
-    assert quarantined["doc_id"] == GUIDE and quarantined["reason"] == "error"
+    assert (quarantined["doc_id"], quarantined["stage"], quarantined["reason"]) == (GUIDE, stage, "error")
     assert quarantined["message"] == f"{name}: {exc}" if str(exc) else quarantined["message"] == name
     [row] = _rows(config, "quarantine")
     assert (row["doc_id"], row["stage"], row["reason"]) == (GUIDE, stage, "error")
