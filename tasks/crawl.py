@@ -98,14 +98,16 @@ def path_filter(include: tuple[str, ...], exclude: tuple[str, ...]) -> Callable[
 
 
 def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...],
-                   outside: list[str] | None = None) -> list[tuple[str, str, os.stat_result]]:
+                   outside: list[str] | None = None,
+                   unnamed: list[str] | None = None) -> list[tuple[str, str, os.stat_result]]:
     """Return (relative posix path, path, stat) of files under root matched by include and not by exclude, sorted.
 
     Paths are strings, as os.scandir gives them: a pathlib object per file cost more than the listing itself.
 
     Symlinked folders are not followed; a symlinked file is taken only when it resolves inside root,
     so no link can lead the crawl elsewhere. Links that would are named in outside. A file that
-    vanishes while listed (or a dangling link) is left out.
+    vanishes while listed (or a dangling link) is left out, and so is one whose path is not valid UTF-8
+    (named in unnamed, escaped): no id, URI or Arrow string can hold it.
     """
     taken = path_filter(include, exclude)
     real_root = root.resolve()
@@ -137,6 +139,12 @@ def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...
                     continue
                 stat = entry.stat()  # follows a link (inside root) to its file
             except OSError:
+                continue
+            try:
+                rel.encode("utf-8")
+            except UnicodeEncodeError:  # bytes the file system holds but no text does (os gave surrogates)
+                if unnamed is not None:
+                    unnamed.append(os.fsencode(rel).decode("utf-8", "backslashreplace"))
                 continue
             out.append((rel, entry.path, stat))
     return sorted(out, key=lambda item: item[0])
@@ -281,13 +289,23 @@ def list_source(src: SourceConfig, known: dict[str, dict] | None = None, fetched
     if not src.path.is_dir():
         return Listed(failure=f"folder {src.path} does not exist or is not a folder")
     outside: list[str] = []
+    unnamed: list[str] = []
     try:
-        files = matching_files(src.path, src.include, src.exclude, outside)
+        files = matching_files(src.path, src.include, src.exclude, outside, unnamed)
     except OSError as exc:
         return Listed(failure=f"folder {src.path} could not be listed ({exc})")
-    shown = ", ".join(outside[:5]) + (" ..." if len(outside) > 5 else "")
-    notice = f"source '{src.name}': {len(outside)} symlinked file(s) lead outside {src.path}, not crawled: {shown}"
-    return Listed(table=folder_listing(src, files), notices=[notice] if outside else [])
+    notices = []
+    if outside:
+        notices.append(f"source '{src.name}': {len(outside)} symlinked file(s) lead outside {src.path}, not crawled: "
+                       f"{_first(outside)}")
+    if unnamed:
+        notices.append(f"source '{src.name}': {len(unnamed)} file(s) whose names are not valid UTF-8, not crawled "
+                       f"(rename them): {_first(unnamed)}")
+    return Listed(table=folder_listing(src, files), notices=notices)
+
+
+def _first(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
 
 
 _SAFE_IN_URI = re.compile(r"[A-Za-z0-9_.~/-]*").fullmatch  # what quote() leaves as it is

@@ -268,3 +268,14 @@ def test_inlet_quarantine_lists_reason_message_since_and_attempts(corpus, write_
     listed = json.loads(subprocess.run([sys.executable, "-m", "inlet.cli", "quarantine", "--config", str(config),
                                         "--json"], check=True, capture_output=True, text=True, timeout=300).stdout)
     assert [(r["doc_id"], r["attempts"]) for r in listed] == [(GUIDE, 2)]
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_file_whose_name_is_not_utf8_is_left_out_with_a_notice_and_the_run_goes_on(tmp_path, write_config):
+    """Arrow strings cannot hold such a name: it failed the crawl, and so the whole run, with UnicodeEncodeError."""
+    folder = _many(tmp_path / "notes", good=1, bad=0)
+    (folder / os.fsdecode(b"caf\xe9-latin1.md")).write_text("# Cafe\n\nOpening hours of the club cafe.\n")
+    summary = ingest(config_path=str(write_config(folder)))
+    assert summary["docs_new"] == 1
+    assert any("1 file(s) whose names are not valid UTF-8" in n and "caf\\xe9-latin1.md" in n
+               for n in summary["notices"])
