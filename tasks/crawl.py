@@ -8,6 +8,7 @@ import json
 import mimetypes
 import os
 import re
+import stat as stat_module
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -98,8 +99,8 @@ def path_filter(include: tuple[str, ...], exclude: tuple[str, ...]) -> Callable[
 
 
 def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...],
-                   outside: list[str] | None = None,
-                   unnamed: list[str] | None = None) -> list[tuple[str, str, os.stat_result]]:
+                   outside: list[str] | None = None, unnamed: list[str] | None = None,
+                   special: list[str] | None = None) -> list[tuple[str, str, os.stat_result]]:
     """Return (relative posix path, path, stat) of files under root matched by include and not by exclude, sorted.
 
     Paths are strings, as os.scandir gives them: a pathlib object per file cost more than the listing itself.
@@ -107,7 +108,8 @@ def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...
     Symlinked folders are not followed; a symlinked file is taken only when it resolves inside root,
     so no link can lead the crawl elsewhere. Links that would are named in outside. A file that
     vanishes while listed (or a dangling link) is left out, and so is one whose path is not valid UTF-8
-    (named in unnamed, escaped): no id, URI or Arrow string can hold it.
+    (named in unnamed, escaped): no id, URI or Arrow string can hold it. So is anything but a regular file
+    (a named pipe, a socket, a device: named in special), whose read would wait forever.
     """
     taken = path_filter(include, exclude)
     real_root = root.resolve()
@@ -139,6 +141,10 @@ def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...
                     continue
                 stat = entry.stat()  # follows a link (inside root) to its file
             except OSError:
+                continue
+            if not stat_module.S_ISREG(stat.st_mode):
+                if special is not None:
+                    special.append(os.fsencode(rel).decode("utf-8", "backslashreplace"))
                 continue
             try:
                 rel.encode("utf-8")
@@ -290,8 +296,9 @@ def list_source(src: SourceConfig, known: dict[str, dict] | None = None, fetched
         return Listed(failure=f"folder {src.path} does not exist or is not a folder")
     outside: list[str] = []
     unnamed: list[str] = []
+    special: list[str] = []
     try:
-        files = matching_files(src.path, src.include, src.exclude, outside, unnamed)
+        files = matching_files(src.path, src.include, src.exclude, outside, unnamed, special)
     except OSError as exc:
         return Listed(failure=f"folder {src.path} could not be listed ({exc})")
     notices = []
@@ -301,6 +308,9 @@ def list_source(src: SourceConfig, known: dict[str, dict] | None = None, fetched
     if unnamed:
         notices.append(f"source '{src.name}': {len(unnamed)} file(s) whose names are not valid UTF-8, not crawled "
                        f"(rename them): {_first(unnamed)}")
+    if special:
+        notices.append(f"source '{src.name}': {len(special)} entries that are not regular files (named pipes, "
+                       f"sockets, devices), not crawled: {_first(special)}")
     return Listed(table=folder_listing(src, files), notices=notices)
 
 

@@ -271,11 +271,15 @@ def test_inlet_quarantine_lists_reason_message_since_and_attempts(corpus, write_
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_a_file_whose_name_is_not_utf8_is_left_out_with_a_notice_and_the_run_goes_on(tmp_path, write_config):
-    """Arrow strings cannot hold such a name: it failed the crawl, and so the whole run, with UnicodeEncodeError."""
+def test_names_that_are_not_utf8_and_named_pipes_are_left_out_with_a_notice_and_the_run_goes_on(
+        tmp_path, write_config):
+    """Such a name failed the crawl, and so the whole run, with UnicodeEncodeError (no Arrow string holds it); a
+    named pipe ending in .md hung the run for good, its read waiting on a writer that never came."""
     folder = _many(tmp_path / "notes", good=1, bad=0)
     (folder / os.fsdecode(b"caf\xe9-latin1.md")).write_text("# Cafe\n\nOpening hours of the club cafe.\n")
+    os.mkfifo(folder / "pipe.md")
     summary = ingest(config_path=str(write_config(folder)))
     assert summary["docs_new"] == 1
     assert any("1 file(s) whose names are not valid UTF-8" in n and "caf\\xe9-latin1.md" in n
                for n in summary["notices"])
+    assert any("1 entries that are not regular files" in n and "pipe.md" in n for n in summary["notices"])
