@@ -387,7 +387,7 @@ def quarantine_invalid(extracted: pa.Table, embedded: pa.Table, reasons: dict[st
     rows = extracted.to_pylist()
     for row in rows:
         if row["doc_id"] in reasons and row["status"] == "ok":
-            row.update(status="quarantined", reason="invalid", message=reasons[row["doc_id"]])
+            row.update(status="quarantined", reason="invalid", message=reasons[row["doc_id"]], stage="validate")
     keep = pc.invert(pc.is_in(embedded["doc_id"], value_set=pa.array(sorted(reasons), pa.string())))
     return pa.Table.from_pylist(rows, schema=extracted.schema), embedded.filter(keep)
 

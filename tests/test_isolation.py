@@ -185,9 +185,12 @@ def test_the_same_error_on_most_documents_stops_the_run_and_writes_nothing(good,
 @pytest.mark.usefixtures("prefect_harness")
 def test_parsers_past_their_time_limit_cost_their_documents_not_the_run(corpus, write_config):
     """Every non-Markdown file goes to an extraction worker that is killed at its time limit; the run goes on."""
-    summary = ingest(config_path=str(write_config(corpus, extraction={"timeout_s": 0.01})))
-    assert {q["doc_id"]: q["reason"] for q in summary["quarantined"]} == dict.fromkeys(OTHERS, "timeout")
-    assert {r["doc_id"] for r in _rows(write_config(corpus), "chunks")} == {GUIDE}
+    config = write_config(corpus, extraction={"timeout_s": 0.01})
+    summary = ingest(config_path=str(config))
+    timed_out = {q["doc_id"] for q in summary["quarantined"] if q["reason"] == "timeout"}
+    assert timed_out and timed_out <= OTHERS and summary["docs_quarantined"] == len(timed_out)
+    assert {r["doc_id"] for r in _rows(config, "chunks")} == {GUIDE} | (OTHERS - timed_out), \
+        "a small text file may beat 10 ms; every other document is indexed"
 
 
 @pytest.mark.usefixtures("prefect_harness")

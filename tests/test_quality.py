@@ -144,7 +144,7 @@ def test_a_run_quarantines_the_document_of_a_bad_vector_and_reports_the_checks(p
 
     config = write_config(punctuation_doc)
     summary = ingest(config_path=str(config))
-    assert summary["quarantined"] == [{"doc_id": "sample:dividers.md", "reason": "invalid",
+    assert summary["quarantined"] == [{"doc_id": "sample:dividers.md", "stage": "validate", "reason": "invalid",
                                        "message": "validation: embedded_chunks.vector_finite"}]
     assert summary["docs_new"] == 6 and summary["docs_quarantined"] == 1
     checks = {(v["artifact"], v["check"]): v["failed"] for v in summary["validation"]}
