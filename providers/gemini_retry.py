@@ -37,8 +37,10 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, TRANSIENT)
 
 
-# Answers that no other input would change: the key, the project's permission, the model's name.
+# Answers that no other input would change: the key, the project's permission, the model's name. Gemini answers
+# an invalid key and a billing or region problem with 400 too (API_KEY_INVALID, FAILED_PRECONDITION).
 ACCOUNT_STATUSES = (401, 403, 404)
+_ACCOUNT_400 = ("API_KEY_INVALID", "FAILED_PRECONDITION", "API key not valid")
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -48,7 +50,8 @@ def is_outage(exc: BaseException) -> bool:
     Anything else (a 400 for one input, a local model raising on one text) is that input's own failure.
     """
     if isinstance(exc, genai_errors.APIError):
-        return exc.code in RETRY_STATUSES or exc.code in ACCOUNT_STATUSES
+        account = exc.code == 400 and any(m in f"{exc.status} {exc.message} {exc.details}" for m in _ACCOUNT_400)
+        return exc.code in RETRY_STATUSES or exc.code in ACCOUNT_STATUSES or account
     return isinstance(exc, TRANSPORT_ERRORS)
 
 

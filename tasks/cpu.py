@@ -155,7 +155,14 @@ def map_parts(fn: Callable[[list[T]], R], parts: Sequence[list[T]], *, died: Cal
     while pending or running:
         while pool is not None and pending and len(running) < workers:
             i = pending.popleft()
-            running[pool.submit(fn, parts[i])] = i
+            try:
+                running[pool.submit(fn, parts[i])] = i
+            except (BrokenProcessPool, RuntimeError):  # broken, or retired by another batch's thread meanwhile
+                if died is None or join is None:
+                    raise
+                pending.appendleft(i)  # not lost: it never reached a worker, the caller takes it
+                _retire(pool)
+                pool = None
         if pending:
             i = pending.pop()
             results[i] = fn(parts[i])

@@ -137,7 +137,7 @@ def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...
                     continue
                 if entry.is_symlink() and not Path(entry.path).resolve().is_relative_to(real_root):
                     if outside is not None:
-                        outside.append(rel)
+                        outside.append(os.fsencode(rel).decode("utf-8", "backslashreplace"))
                     continue
                 stat = entry.stat()  # follows a link (inside root) to its file
             except OSError:

@@ -85,14 +85,21 @@ def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None]
     text_of = dict(zip(keys, inputs))
     fresh_vecs = np.zeros((len(todo), embedder.dim), dtype=np.float32)
     fresh_trunc: list[bool] = []
+    online = batch_call is None
     if batch_call is not None and todo:
         texts = [text_of[k] for k in todo]
-        fresh_vecs[:] = batch_call(texts, [title_of[k] for k in todo], todo)
-        fresh_trunc = embedder.truncated(texts)
-        if advance is not None:
-            advance(len(todo))
+        try:
+            fresh_vecs[:] = batch_call(texts, [title_of[k] for k in todo], todo)
+            fresh_trunc = embedder.truncated(texts)
+        except Exception as exc:  # noqa: BLE001 - sorted: an outage fails the run, an input's refusal does not
+            if model_fails_run(exc):
+                raise
+            online = True  # the job's online retry of its failed rows was refused: find the inputs by halving
+        else:
+            if advance is not None:
+                advance(len(todo))
     rejected: dict[str, BaseException] = {}
-    if batch_call is None:
+    if online:
         fresh_trunc = [False] * len(todo)
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]

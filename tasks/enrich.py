@@ -237,7 +237,7 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
         get_run_logger().info("enrichment is off: %d chunks go on without one", chunks.num_rows)
     else:
         get_run_logger().info("enriched %d of %d chunks (%d reused, %d failed and marked for the next run)", made,
-                              chunks.num_rows, chunks.num_rows - made - failed, failed)
+                              enriched.num_rows, enriched.num_rows - made - failed, failed)
     path = write_artifact(enriched, run_dir, "enriched_chunks", ENRICHED_CHUNKS_SCHEMA)
     uncommitted.remember("enrich", enriched.filter(enriched["enriched_now"])["enrich_key"].to_pylist(), path)
     return {"path": path, "usage": usage, "extracted": quarantined_by(failures, extracted_path, run_dir, "enriched")}

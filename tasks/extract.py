@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+from concurrent.futures import CancelledError
 import functools
 import hashlib
 import multiprocessing
@@ -466,7 +467,7 @@ def extract_isolated(doc_id: str, path: str, cfg: ExtractionConfig, member: str 
         return extract_document(doc_id, path, cfg, member, detect, storage_options)
     except ExtractionError as exc:
         return exc
-    except Exception as exc:  # noqa: BLE001 - the boundary is the document
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the boundary is the document (a parser may even exit)
         return unexpected(exc)
 
 
@@ -542,6 +543,8 @@ class ExtractionPool:
         except ProcessExpired as exc:
             raise ExtractionError("corrupt", f"the parser process died (exit code {exc.exitcode})") from None
         except ExtractionError:
+            raise
+        except CancelledError:  # the pool was stopped (another extraction config took over): not this document
             raise
         except Exception as exc:  # noqa: BLE001 - whatever came back from the worker is this document's
             raise unexpected(exc) from None

@@ -514,27 +514,37 @@ class Writer:
         the full-text index then, while that batch runs: done after it, both left the other core idle (a cold
         run of the bench corpus spent ~1.6 s there). The last batch's rows are then searched without the
         index, as any run's new rows are up to MAX_UNINDEXED, until a later run or maintenance folds them in.
-        hold: commit nothing yet (the systemic-failure breaker is undecided; finish() commits what was held).
+        hold: commit nothing yet (the systemic-failure breaker is undecided); once released, what was held goes
+        out in groups of commit_rows, as it would have.
         """
         self._pending.append(batch)
         self._received += 1
         if hold:
             return
-        if sum(b["rows"] for b in self._pending) >= self._commit_rows:
-            self._commit(last=False)
-        elif not self._committed and self._batches - self._received == 1:
+        while sum(b["rows"] for b in self._pending) >= self._commit_rows:
+            self._commit(last=False, count=self._group_size())
+        if not self._committed and self._batches - self._received == 1:
             self._commit(last=False)
             if self._fulltext:
                 start = time.perf_counter()
                 task_if(self._runs, fulltext_stage)(self._store, self._args["chunks_table"])
                 self.seconds["index"] = time.perf_counter() - start
 
-    def _commit(self, *, last: bool) -> None:
+    def _group_size(self) -> int:
+        """The number of pending batches in the next group: the fewest that hold commit_rows rows."""
+        rows = 0
+        for n, batch in enumerate(self._pending, start=1):
+            rows += batch["rows"]
+            if rows >= self._commit_rows:
+                return n
+        return len(self._pending)
+
+    def _commit(self, *, last: bool, count: int | None = None) -> None:
         start = time.perf_counter()
-        done = task_if(self._runs, upsert_stage)(self._store, self._documents, [b["extracted"] for b in self._pending],
-                                                 [b["embedded"] for b in self._pending], last=last, **self._args)
-        uncommitted.forget(b["embedded"].rsplit("/", 1)[0] for b in self._pending)
-        self._pending = []
+        group, self._pending = (self._pending, []) if count is None else (self._pending[:count], self._pending[count:])
+        done = task_if(self._runs, upsert_stage)(self._store, self._documents, [b["extracted"] for b in group],
+                                                 [b["embedded"] for b in group], last=last, **self._args)
+        uncommitted.forget(b["embedded"].rsplit("/", 1)[0] for b in group)
         self._committed = True
         for name in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written", "docs_quarantined"):
             setattr(self.result, name, getattr(self.result, name) + done[name])

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import lancedb
@@ -17,6 +18,7 @@ import tasks.chunk
 import tasks.embed
 import tasks.enrich
 import tasks.extract
+import tasks.load
 import tasks.quality
 from flows.ingest import ingest
 from providers.embedders import HashingEmbedder
@@ -24,7 +26,8 @@ from providers.enrichers import KeywordEnricher
 from query import quarantined, search
 from schemas.config import load_config
 from schemas.errors import DocumentFailure, SystemicFailureError
-from tasks.isolate import Breaker, failing_items
+from tasks.isolate import Breaker, failing_items, model_fails_run
+from tasks.load import Writer
 from tests.gemini_server import Faults, GeminiServer
 
 GUIDE = "sample:guides/boat-maintenance.md"
@@ -286,3 +289,37 @@ def test_names_that_are_not_utf8_and_named_pipes_are_left_out_with_a_notice_and_
     assert any("1 file(s) whose names are not valid UTF-8" in n and "caf\\xe9-latin1.md" in n
                for n in summary["notices"])
     assert any("1 entries that are not regular files" in n and "pipe.md" in n for n in summary["notices"])
+
+
+def test_commits_held_for_the_breaker_go_out_in_groups_of_commit_rows(monkeypatch):
+    """Holding half a big run must not turn it into one huge commit group: a crash would lose all of it."""
+    groups: list[int] = []
+    counts = dict.fromkeys(("chunks_added", "chunks_removed", "chunks_reused", "chunks_written", "docs_quarantined"), 0)
+    monkeypatch.setattr(tasks.load, "task_if", lambda _runs, _stage: (
+        lambda store, documents, extracted, embedded, **kw: groups.append(len(embedded)) or {**counts, "versions": {}}))
+    writer = Writer("store", "documents.parquet", commit_rows=10, chunks_table="chunks", documents_table="documents",
+                    dim=4, settings_fp="fp", run_id="run", now=datetime.now(UTC), batches=8, stage_runs=False)
+    batch = lambda n: {"extracted": f"b/{n}/extracted", "embedded": f"b/{n}/embedded", "rows": 6}  # noqa: E731
+    for n in range(3):
+        writer.add(batch(n), hold=True)
+    assert groups == []
+    writer.add(batch(3))  # 24 rows held: groups of at least 10 rows, as without the hold
+    assert groups == [2, 2]
+
+
+def test_a_bad_key_is_an_outage_but_a_refused_input_is_not():
+    """Gemini answers an invalid key with 400 too: halving would spend 2n-1 calls and quarantine every document."""
+    from google.genai import errors
+
+    def error(code: int, message: str, status: str, reason: str | None = None) -> errors.APIError:
+        details = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason}] if reason else []
+        return errors.ClientError(code, {"error": {"code": code, "message": message, "status": status,
+                                                   "details": details}})
+
+    assert model_fails_run(error(400, "API key not valid. Please pass a valid API key.", "INVALID_ARGUMENT",
+                                 "API_KEY_INVALID"))
+    assert model_fails_run(error(400, "User location is not supported for the API use.", "FAILED_PRECONDITION"))
+    assert model_fails_run(error(403, "Permission denied.", "PERMISSION_DENIED"))
+    assert model_fails_run(errors.ServerError(503, {"error": {"code": 503, "message": "overloaded"}}))
+    assert not model_fails_run(error(400, "Request contains an invalid argument.", "INVALID_ARGUMENT"))
+    assert not model_fails_run(ValueError("the local model cannot embed this text"))
