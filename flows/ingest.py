@@ -178,6 +178,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         del per_index  # the batches read their own share
         writers = [Writer(store, documents, commit_rows=cfg.execution.commit_rows,
                           chunks_table=plan.cfg.store.chunks_table, documents_table=plan.cfg.store.documents_table,
+                          quarantine_table=plan.cfg.store.quarantine_table,
                           dim=embedder_spec(plan.cfg.embedding).dim, settings_fp=settings_fp, run_id=run_id,
                           now=started, batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=known,
                           inflight_dir=_inflight_dir(plan.cfg), stage_runs=runs)

@@ -152,7 +152,7 @@ def versions(variant: VariantOpt = None, config: ConfigOpt = DEFAULT_CONFIG) -> 
 
 
 @app.command()
-def quarantine(config: ConfigOpt = DEFAULT_CONFIG,
+def quarantine(config: ConfigOpt = DEFAULT_CONFIG, variant: VariantOpt = None,
                as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False) -> None:
     """List the quarantined documents: reason, message, since when and how many runs tried them."""
     from rich.table import Table
@@ -160,7 +160,7 @@ def quarantine(config: ConfigOpt = DEFAULT_CONFIG,
     from query import quarantined
 
     try:
-        rows = quarantined(config=config)
+        rows = quarantined(config=config, variant=variant)
     except InletError as exc:
         _fail(exc)
     if as_json:

@@ -16,7 +16,7 @@ from query.search import (
     select_variant,
     store_connection,
 )
-from schemas.arrow import QUARANTINE_SCHEMA, QUARANTINE_TABLE, RUN_COUNTS, conform
+from schemas.arrow import QUARANTINE_SCHEMA, RUN_COUNTS, conform
 from schemas.config import InletConfig, load_config
 from schemas.errors import StoreError
 
@@ -33,9 +33,10 @@ def _table(cfg: InletConfig, name: str) -> lancedb.table.Table | None:
     return db.open_table(name) if name in set(getattr(listed, "tables", listed)) else None
 
 
-def quarantined(config: InletConfig | str | Path = DEFAULT_CONFIG) -> list[dict]:
+def quarantined(config: InletConfig | str | Path = DEFAULT_CONFIG, variant: str | None = None) -> list[dict]:
     """List what is quarantined now, longest first: document, stage, reason, message, since when, attempts."""
-    table = _table(_config(config), QUARANTINE_TABLE)
+    cfg = select_variant(_config(config), variant)
+    table = _table(cfg, cfg.store.quarantine_table)
     if table is None:
         return []
     have = set(table.schema.names)  # a table of an older Inlet lacks since and attempts: read as the first try

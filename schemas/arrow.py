@@ -134,7 +134,7 @@ DOCUMENT_ROWS_SCHEMA = pa.schema([
     pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
 ])
 
-QUARANTINE_TABLE = "quarantine"  # what is quarantined now: one row per document, gone once it is indexed
+# store.quarantine_table: what is quarantined now, one row per document, gone once it is indexed.
 QUARANTINE_SCHEMA = pa.schema([
     pa.field("doc_id", pa.string(), nullable=False),
     pa.field("source", pa.string(), nullable=False),

@@ -415,6 +415,7 @@ class StoreConfig(_Strict):
     chunks_table: str = Field("chunks", description="Name of the chunks table.")
     documents_table: str = Field("documents", description="Name of the documents table.")
     runs_table: str = Field("runs", description="Name of the runs table.")
+    quarantine_table: str = Field("quarantine", description="Name of the table listing what is quarantined now.")
     lock_wait_s: float = Field(0, ge=0, description="How long a run waits for another run writing to the same "
                                "store to finish; 0 refuses at once (nothing is written, the message names the "
                                "other run).")
@@ -529,7 +530,8 @@ class InletConfig(_Strict):
                 raise ValueError(msg) from None
         store = self.store.model_copy(update={"chunks_table": f"{self.store.chunks_table}__{name}",
                                               "documents_table": f"{self.store.documents_table}__{name}",
-                                              "runs_table": f"{self.store.runs_table}__{name}"})
+                                              "runs_table": f"{self.store.runs_table}__{name}",
+                                              "quarantine_table": f"{self.store.quarantine_table}__{name}"})
         return self.model_copy(update={**update, "store": store, "variants": {}})
 
     def all_variants(self) -> list[tuple[str | None, InletConfig]]:

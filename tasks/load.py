@@ -143,7 +143,7 @@ def quarantine_rows(documents: pa.Table, extracted: pa.Table, run_id: str, now: 
             continue
         old = before.get(e["doc_id"])
         since = now if old is None else (old.get("since") or old["at"])
-        attempts = 1 if old is None else (old.get("attempts") or 1) + 1
+        attempts = 1 if old is None else (old.get("attempts") or 1) + (old["run_id"] != run_id)
         rows.append({"doc_id": e["doc_id"], "source": by_id[e["doc_id"]]["source"], "uri": by_id[e["doc_id"]]["uri"],
                      "stage": e["stage"] or "extract", "reason": e["reason"], "message": e["message"],
                      "content_hash": e["content_hash"], "run_id": run_id, "at": now, "since": since,
@@ -151,9 +151,9 @@ def quarantine_rows(documents: pa.Table, extracted: pa.Table, run_id: str, now: 
     return pa.Table.from_pylist(rows, schema=QUARANTINE_SCHEMA)
 
 
-def stored_quarantine(db: lancedb.DBConnection, doc_ids: list[str]) -> pa.Table | None:
+def stored_quarantine(db: lancedb.DBConnection, doc_ids: list[str], name: str = QUARANTINE) -> pa.Table | None:
     """Return the quarantine rows the store holds for doc_ids (None when there are none to look for)."""
-    table = open_table(db, QUARANTINE) if doc_ids else None
+    table = open_table(db, name) if doc_ids else None
     if table is None:
         return None
     ensure_columns(table, QUARANTINE_SCHEMA)
@@ -363,7 +363,8 @@ def _chunk_reader(parts: Iterable[pa.Table], documents: pa.Table, extracted: pa.
 
 def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extracted: pa.Table,
                  embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime,
-                 documents_table: str = DOCUMENTS, parts: Callable[[], Iterable[pa.Table]] | None = None,
+                 documents_table: str = DOCUMENTS, quarantine_table: str = QUARANTINE,
+                 parts: Callable[[], Iterable[pa.Table]] | None = None,
                  known: pa.Table | None = None, inflight_dir: str | None = None) -> LoadResult:
     """Commit one group of batches: chunks, then quarantine rows, then their documents' rows (the commit marker).
 
@@ -394,9 +395,9 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
     # are done. Committed after them, a kill in between left the list behind for good: a fixed document still
     # listed, a newly failed one missing (its documents row already held its hash, so no run did it again).
     failed = _ids(extracted, pc.equal(extracted["status"], "quarantined"))
-    quarantined = quarantine_rows(documents, extracted, run_id, now, stored_quarantine(db, failed))
+    quarantined = quarantine_rows(documents, extracted, run_id, now, stored_quarantine(db, failed, quarantine_table))
     result.docs_quarantined = quarantined.num_rows
-    q_version = upsert_keyed(db, QUARANTINE, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
+    q_version = upsert_keyed(db, quarantine_table, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
     failpoint("quarantine-committed")
     doc_rows = document_rows(documents, extracted, embedded, known, settings_fp, run_id, now)
     docs_version = commit_documents(db, doc_rows, deleted, documents_table)
@@ -404,7 +405,7 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
     if marker is not None:
         inflight.done(marker)
     result.versions = {k: v for k, v in {chunks_table: chunks_version, documents_table: docs_version,
-                                         QUARANTINE: q_version}.items() if v is not None}
+                                         quarantine_table: q_version}.items() if v is not None}
     return result
 
 
@@ -435,7 +436,8 @@ def _settled(documents: pa.Table, ids: list[str], last: bool) -> pa.Table:
 
 @stage("upsert")
 def upsert_stage(store_uri: str, documents_path: str, extracted_paths: list[str], embedded_paths: list[str], *,
-                 last: bool, chunks_table: str, documents_table: str, dim: int, settings_fp: str, run_id: str,
+                 last: bool, chunks_table: str, documents_table: str, quarantine_table: str, dim: int,
+                 settings_fp: str, run_id: str,
                  now: datetime, known: pa.Table | None = None, inflight_dir: str | None = None) -> dict:
     """Commit a group of finished batches (the last group also commits deletions) to LanceDB."""
     schema = embedded_chunks_schema(dim)
@@ -447,6 +449,7 @@ def upsert_stage(store_uri: str, documents_path: str, extracted_paths: list[str]
     documents = _settled(read_artifact(documents_path, DOCUMENTS_SCHEMA), extracted["doc_id"].to_pylist(), last)
     result = commit_group(connect(store_uri), chunks_table, documents, extracted, keys, dim=dim,
                           settings_fp=settings_fp, run_id=run_id, now=now, documents_table=documents_table,
+                          quarantine_table=quarantine_table,
                           parts=lambda: (read_artifact(p, schema) for p in embedded_paths), known=known,
                           inflight_dir=inflight_dir)
     get_run_logger().info("chunks: %d added, %d removed, %d reused, %d rows written", result.chunks_added,
@@ -488,12 +491,14 @@ class Writer:
 
     def __init__(self, store_uri: str, documents_path: str, *, commit_rows: int, chunks_table: str,
                  documents_table: str, dim: int, settings_fp: str, run_id: str, now: datetime, batches: int = 0,
+                 quarantine_table: str = QUARANTINE,
                  fulltext_index: bool = False, known: pa.Table | None = None, inflight_dir: str | None = None,
                  stage_runs: bool = True) -> None:
         self._store, self._documents, self._commit_rows = store_uri, documents_path, commit_rows
         self._runs = stage_runs  # commits and publishing as task runs of their own (a small run's are plain calls)
         # known: the documents table read at the run's start, so that no group reads it again (see commit_group).
-        self._args = {"chunks_table": chunks_table, "documents_table": documents_table, "dim": dim,
+        self._args = {"chunks_table": chunks_table, "documents_table": documents_table,
+                      "quarantine_table": quarantine_table, "dim": dim,
                       "settings_fp": settings_fp, "run_id": run_id, "now": now, "known": known,
                       "inflight_dir": inflight_dir}
         self._batches, self._fulltext = batches, fulltext_index

@@ -16,12 +16,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from filelock import FileLock, Timeout
 
-from schemas.arrow import DOCUMENT_ROWS_SCHEMA, QUARANTINE_TABLE, conform
+from schemas.arrow import DOCUMENT_ROWS_SCHEMA, conform
 from schemas.errors import StoreBusyError, StoreError
 
 DOCUMENTS = "documents"
 RUNS = "runs"
-QUARANTINE = QUARANTINE_TABLE
+QUARANTINE = "quarantine"
 IN_BATCH = 5000  # keys per IN (...) filter: keeps each SQL predicate small
 # Lance file format for new tables. 2.2 (this LanceDB's default) compresses data blocks, so fetching
 # the ~17 columns of 10 search hits from 1M rows took ~39 ms; 2.1, the format Lance marks stable, takes

@@ -323,3 +323,19 @@ def test_a_bad_key_is_an_outage_but_a_refused_input_is_not():
     assert model_fails_run(errors.ServerError(503, {"error": {"code": 503, "message": "overloaded"}}))
     assert not model_fails_run(error(400, "Request contains an invalid argument.", "INVALID_ARGUMENT"))
     assert not model_fails_run(ValueError("the local model cannot embed this text"))
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_each_index_variant_keeps_its_own_quarantine_list(corpus, write_config, monkeypatch):
+    """A document that fails only in a variant's chunking is quarantined there; the main index has it."""
+    config = write_config(corpus, variants={"small": {"chunking": {"max_tokens": 60, "overlap_tokens": 10}}})
+    real = tasks.chunk.pieces_for_document
+    monkeypatch.setattr(tasks.chunk, "pieces_for_document", lambda rows, cfg: (
+        _boom(IndexError("list index out of range"))() if rows[0]["doc_id"] == GUIDE and cfg.max_tokens == 60
+        else real(rows, cfg)))
+    summary = ingest(config_path=str(config))
+    assert summary["docs_quarantined"] == 0 and summary["variants"]["small"]["docs_quarantined"] == 1
+    assert quarantined(config=config) == []
+    assert [(r["doc_id"], r["stage"], r["attempts"]) for r in quarantined(config=config, variant="small")] == [
+        (GUIDE, "chunk", 1)]
+    assert GUIDE in {r["doc_id"] for r in _rows(config, "chunks")}
