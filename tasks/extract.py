@@ -464,6 +464,8 @@ def extract_isolated(doc_id: str, path: str, cfg: ExtractionConfig, member: str 
     raised, so that it crosses back from a worker process whatever the exception's own pickling.
     """
     try:
+        if _WORKER_BROKEN is not None:  # a broken install fails every document alike: the breaker's case
+            raise _WORKER_BROKEN
         return extract_document(doc_id, path, cfg, member, detect, storage_options)
     except ExtractionError as exc:
         return exc
@@ -492,6 +494,9 @@ _PARTITIONERS = ["unstructured.partition.pdf", "unstructured.partition.docx", "u
 _UNUSED_BY_PARTITIONING = ("torch",)
 
 
+_WORKER_BROKEN: Exception | None = None  # an extraction worker whose partitioners failed to import: why
+
+
 def _import_partitioners() -> None:
     """Import unstructured's partitioners in a new extraction worker, before it takes a document.
 
@@ -506,11 +511,16 @@ def _import_partitioners() -> None:
     # None in sys.modules makes an import fail: spaCy's thinc and unstructured_inference then go on without
     # the package, as where it is not installed. These workers only partition, and no strategy Inlet offers
     # (fast, OCR) runs a model on it.
+    global _WORKER_BROKEN
     for name in _UNUSED_BY_PARTITIONING:
         sys.modules.setdefault(name, None)
-    install_fallback_if_needed()
-    for name in _PARTITIONERS:
-        importlib.import_module(name)
+    try:
+        install_fallback_if_needed()
+        for name in _PARTITIONERS:
+            importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - kept for each document: the breaker then names the real cause
+        # Raised here, it would kill every worker at birth, and every document would read "workers expired".
+        _WORKER_BROKEN = exc
 
 
 class ExtractionPool:

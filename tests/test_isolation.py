@@ -339,3 +339,25 @@ def test_each_index_variant_keeps_its_own_quarantine_list(corpus, write_config, 
     assert [(r["doc_id"], r["stage"], r["attempts"]) for r in quarantined(config=config, variant="small")] == [
         (GUIDE, "chunk", 1)]
     assert GUIDE in {r["doc_id"] for r in _rows(config, "chunks")}
+
+
+def test_a_library_missing_in_the_extraction_workers_stops_the_run_naming_it(prefect_harness, tmp_path, write_config):
+    """A real broken install, not an injected exception: `unstructured` fails to import in every extraction worker
+    (a package on PYTHONPATH that raises ImportError stands in for a missing system library)."""
+    from prefect.settings import PREFECT_API_URL
+
+    broken = tmp_path / "broken" / "unstructured"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("libmagic.so.1: cannot open shared object file")\n')
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    for i in range(22):
+        (folder / f"p{i:02}.html").write_text(f"<html><body><h1>Page {i}</h1><p>Mooring rule {i}.</p></body></html>")
+    config = write_config(folder)
+    env = {**os.environ, "PYTHONPATH": str(broken.parent), "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    out = subprocess.run([sys.executable, "-m", "inlet.cli", "ingest", "--config", str(config), "--quiet"],
+                         capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "error: 22 of 22 documents failed with ImportError" in out.stderr
+    assert "libmagic.so.1: cannot open shared object file" in out.stderr
+    assert not list(Path(load_config(config).store.uri).glob("*.lance")), "nothing quarantined or committed"
