@@ -83,6 +83,7 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
     def _send(self, status: int, body: bytes) -> None:
+        self._answered()  # in flight until answered: the client may send its next request the moment it reads this
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -96,16 +97,23 @@ class _Handler(BaseHTTPRequestHandler):
             error["details"] = details
         self._send(status, json.dumps({"error": error}).encode())
 
+    def _answered(self) -> None:
+        """Count this request out of flight, once (before its answer is written, or when it ends without one)."""
+        if getattr(self, "_in_flight", False):
+            self._in_flight = False
+            with self.server.lock:
+                self.server.traffic.in_flight -= 1
+
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         srv = self.server
         with srv.lock:
             srv.traffic.in_flight += 1
             srv.traffic.max_in_flight = max(srv.traffic.max_in_flight, srv.traffic.in_flight)
+        self._in_flight = True
         try:
             self._serve(srv)
         finally:
-            with srv.lock:
-                srv.traffic.in_flight -= 1
+            self._answered()
 
     def _serve(self, srv: GeminiServer) -> None:
         match = _ROUTE.match(self.path.split("?")[0])

@@ -76,5 +76,7 @@ def test_embedding_request_rate_never_exceeds_the_limit(server):
     embedder.embed([f"text {i}" for i in range(800)])  # 8 requests of 100 texts
     times = sorted(server.traffic.request_times)
     assert len(times) == 8 and times[-1] - times[0] >= 1.5
+    # Arrival times at the server: a request held up on a loaded machine arrives late, closer to the next window's
+    # (a CI run saw 4 within 0.95 s), so the window checked is 0.8 s: a limiter letting 4 through would still fail.
     for i, start in enumerate(times):
-        assert sum(1 for t in times[i:] if t - start < 0.95) <= 3
+        assert sum(1 for t in times[i:] if t - start < 0.8) <= 3
