@@ -8,7 +8,6 @@ state the run cannot use) passes through, and so does the breaker's verdict when
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -164,10 +163,10 @@ class Breaker:
 
     def check(self) -> None:
         """Raise SystemicFailureError when one exception type has hit more than the share of the run's documents."""
-        counts = Counter({kind: len(docs) for kind, docs in self.by_type.items()})
-        if not counts:
+        if not self.by_type:
             return
-        kind, count = counts.most_common(1)[0]
+        kind = max(self.by_type, key=lambda k: len(self.by_type[k]))
+        count = len(self.by_type[kind])
         if self._trips(count):
             doc_id, message = self.example[kind]
             msg = (f"{count} of {self.attempted} documents failed with {kind} (over {self.share:.0%}): a systemic "

@@ -15,9 +15,9 @@ import logging
 import math
 import threading
 import types
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
