@@ -18,6 +18,8 @@ from schemas.errors import InletError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from query.search import SearchResult
+
 app = typer.Typer(help="Keep a LanceDB knowledge base fresh and search it.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
@@ -92,6 +94,8 @@ def query(
     as_of: Annotated[str | None, typer.Option("--as-of", help="A table version, run id or ISO time.")] = None,
     neighbors: Annotated[int, typer.Option(help="Show this many chunks before and after each hit.")] = 0,
     fallback: Annotated[bool, typer.Option(help="Retry without --where when nothing matches.")] = False,
+    explain: Annotated[bool, typer.Option(help="Show each hit's document, chunk, effective access level and "
+                                          "expiry, and language.")] = False,
     variant: VariantOpt = None,
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
@@ -116,11 +120,21 @@ def query(
         typer.secho(f"notice: {notice}", fg=typer.colors.YELLOW)
     for i, r in enumerate(results, 1):
         typer.secho(f"[{i}] {r.score:.3f}  {r.citation}", bold=True)
+        if explain:
+            typer.secho(f"    {explanation(r)}", dim=True)
         for near in r.before:
             typer.secho("    ... " + near.text.strip().replace("\n", " ")[:200], dim=True)
         typer.echo("    " + r.text.strip().replace("\n", "\n    ")[:600])
         for near in r.after:
             typer.secho("    ... " + near.text.strip().replace("\n", " ")[:200], dim=True)
+
+
+def explanation(hit: SearchResult) -> str:
+    """One line on a hit: its document and chunk, the access level and expiry it is served under, its language."""
+    meta = hit.metadata
+    return (f"doc {hit.doc_id} · chunk {meta['chunk_index'] + 1}/{meta['total_chunks']} · "
+            f"access {meta['access_level']} · expires {meta.get('expires_at') or 'never'} · "
+            f"language {meta.get('language') or 'unknown'}")
 
 
 def _console() -> Console:

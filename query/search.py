@@ -23,7 +23,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yam
 _COLUMNS = ("source", "doc_type", "access_level", "language", "title", "uri", "doc_id")
 # Every column a result needs. Each costs a random read per hit, so hybrid sides fetch _RANKING only.
 _SELECT = ["chunk_id", "doc_id", "text", "title", "uri", "heading_path", "page_start", "page_end", "source",
-           "doc_type", "tags", "access_level", "language", "extra", "chunk_index", "total_chunks"]
+           "doc_type", "tags", "access_level", "expires_at", "language", "extra", "chunk_index", "total_chunks"]
 _RANKING = ["chunk_id", "language"]
 
 
@@ -260,6 +260,8 @@ def _result(row: dict, score: float) -> SearchResult:
     citation = Citation(row["title"], row["uri"], tuple(row["heading_path"] or ()), pages)
     meta = {k: row[k] for k in ("source", "doc_type", "tags", "access_level", "language", "chunk_index",
                                  "total_chunks")}
+    # The effective expiry (the earlier of the source's and the document's own), as ISO 8601; None: never.
+    meta["expires_at"] = row["expires_at"].isoformat() if row["expires_at"] is not None else None
     meta |= json.loads(row["extra"] or "{}")
     return SearchResult(row["text"], round(score, 6), citation, row["doc_id"], row["chunk_id"], meta)
 

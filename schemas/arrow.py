@@ -69,6 +69,11 @@ EXTRACTED_SCHEMA = pa.schema([
     # reason "error" the type of the exception it raised (what the systemic-failure breaker counts).
     pa.field("stage", pa.string()),
     pa.field("error_type", pa.string()),
+    # What the document itself declares (tasks/access.py): its effective access level and expiry (None: the
+    # listing's stand), and the level it declared, also when that was below its source's floor and ignored.
+    pa.field("access_level", pa.string()),
+    pa.field("expires_at", pa.timestamp("us", tz="UTC")),
+    pa.field("declared_level", pa.string()),
 ])
 
 CHUNKS_SCHEMA = pa.schema([
@@ -160,6 +165,7 @@ REFRESH_ENRICHMENT = "enrichment"
 
 RUN_COUNTS = (
     "docs_new", "docs_changed", "docs_unchanged", "docs_deleted", "docs_quarantined", "docs_refreshed",
+    "docs_access_raised",  # indexed at a higher access level than their source's, by their own declaration
     "chunks_added", "chunks_removed", "chunks_reused", "chunks_written",
     "texts_enriched", "texts_enrich_failed", "texts_embedded", "texts_truncated",
 )

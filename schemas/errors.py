@@ -35,8 +35,10 @@ EXTRACTION_REASONS: tuple[str, ...] = (
 # Anything else one document raised in any per-document stage: a parser's or model's bug, a RecursionError, a
 # MemoryError. The document is quarantined with the exception's type and message; the run goes on.
 UNEXPECTED = "error"
-# Outside the file's content: "unreadable" (the file vanished or cannot be opened) and "invalid"
-# (a data-quality check of severity quarantine failed, see tasks/quality.py).
+# Outside the file's content: "unreadable" (the file vanished or cannot be opened) and "invalid": a data-quality
+# check of severity quarantine failed (tasks/quality.py, stage validate), or the document declares an access
+# level or expiry that is not valid (tasks/access.py, stage extract; its indexed chunks are then withdrawn).
+INVALID = "invalid"
 
 
 class ExtractionError(InletError):

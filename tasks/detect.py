@@ -19,7 +19,10 @@ from schemas.errors import ConfigError
 from tasks.artifacts import read_artifact, write_artifact
 
 # Bump when extraction or chunking code changes what it produces: every document is reprocessed.
-PIPELINE_VERSION = "2"  # 2: Markdown cleaning, PDF running headers, HTML boilerplate, character-safe windows
+# 2: Markdown cleaning, PDF running headers, HTML boilerplate, character-safe windows. 3: documents' own access
+# level and expiry (tasks/access.py): a store built before honoured neither, so every document is read again
+# (its chunks keep their enrichments and vectors: only extraction and chunking are repeated).
+PIPELINE_VERSION = "3"
 
 Hasher = Callable[[str], str | None]
 

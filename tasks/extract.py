@@ -30,6 +30,7 @@ from tasks.clean import (
 from tasks.cpu import map_parts, split_by_size, worker_context
 from tasks.metadata import (
     detect_language,
+    docx_metadata,
     front_matter_metadata,
     html_metadata,
     merged_metadata,
@@ -421,7 +422,8 @@ def _extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig) -
     _require_words(rows)
     heading = next((r["text"] for r in rows if r["kind"] == "heading" and heading_title(r["text"])), None)
     title = heading or (_html_title(text) if kind == ".html" else None) or _stem(name)
-    return Extracted(rows, title, digest, html_metadata(text) if kind == ".html" else {})
+    own = html_metadata(text) if kind == ".html" else docx_metadata(data) if kind == ".docx" else {}
+    return Extracted(rows, title, digest, own)
 
 
 def read_document(path: str, cfg: ExtractionConfig, member: str | None = None,

@@ -24,7 +24,7 @@ from schemas.arrow import (
     conform,
     embedded_chunks_schema,
 )
-from schemas.errors import EmbedderMismatchError
+from schemas.errors import INVALID, EmbedderMismatchError
 from tasks import inflight, uncommitted
 from tasks.artifacts import read_artifact
 from tasks.enrich import failed_mask
@@ -64,11 +64,11 @@ class LoadResult:
 # --- pure: build the rows to commit ----------------------------------------------------------
 
 
-_OWN_METADATA = ("language", "tags", "extra")
+_OWN_METADATA = ("language", "tags", "extra", "access_level", "expires_at")
 
 
 def with_own_metadata(documents: pa.Table, extracted: pa.Table) -> pa.Table:
-    """Put each extracted document's own metadata (front matter, detected language) over its listing's."""
+    """Put each extracted document's own metadata (front matter, detected language, access) over its listing's."""
     own = {r["doc_id"]: r for r in extracted.select(["doc_id", *_OWN_METADATA]).to_pylist()}
     if not any(r[k] is not None for r in own.values() for k in _OWN_METADATA):
         return documents
@@ -79,6 +79,15 @@ def with_own_metadata(documents: pa.Table, extracted: pa.Table) -> pa.Table:
         documents = documents.set_column(documents.schema.get_field_index(name), name,
                                          pa.array(new, documents.schema.field(name).type))
     return documents
+
+
+def withdraws(row: dict) -> bool:
+    """Tell whether an extracted row takes its document's indexed chunks out of search.
+
+    A document that now declares an access level or expiry Inlet cannot read: nobody can say who may read
+    its last good version any longer, so it is withdrawn (older table versions keep it) until it is fixed.
+    """
+    return row["status"] == "quarantined" and row["reason"] == INVALID and row["stage"] == "extract"
 
 
 def chunk_rows(embedded: pa.Table, documents: pa.Table, extracted: pa.Table, run_id: str, dim: int) -> pa.Table:
@@ -120,10 +129,10 @@ def document_rows(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, 
             fp = settings_fp + (ENRICHMENT_PENDING if doc["doc_id"] in pending else "")
             row |= {"title": ext["title"], "content_hash": ext["content_hash"], "settings_fp": fp,
                     "status": "ok", "error": None, "total_chunks": chunk_counts.get(doc["doc_id"], 0)}
-        else:  # quarantined: the chunks of its last good version stay searchable
+        else:  # quarantined: the chunks of its last good version stay searchable, unless withdrawn
             row |= {"title": prev.get("title"), "content_hash": ext["content_hash"], "settings_fp": settings_fp,
                     "status": "quarantined", "error": f"{ext['reason']}: {ext['message']}",
-                    "total_chunks": prev.get("total_chunks") or 0}
+                    "total_chunks": 0 if withdraws(ext) else prev.get("total_chunks") or 0}
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=DOCUMENT_ROWS_SCHEMA)
 
@@ -381,14 +390,18 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
     documents = with_own_metadata(documents, extracted)
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
     deleted = _ids(documents, pc.equal(documents["change"], "deleted"))
+    # Withdrawn documents lose their chunks as deleted ones do; their documents and quarantine rows stay.
+    withdrawn = [r["doc_id"] for r in extracted.select(["doc_id", "status", "reason", "stage"]).to_pylist()
+                 if withdraws(r)]
+    scope = ok + deleted + withdrawn  # the documents whose chunks this group replaces
     result = LoadResult()
-    marker = inflight.mark(inflight_dir, run_id, ok + deleted) if inflight_dir and (ok or deleted) else None
+    marker = inflight.mark(inflight_dir, run_id, scope) if inflight_dir and scope else None
     if parts is None:  # embedded holds every column
         chunks_version = commit_chunks(db, chunks_table, chunk_rows(embedded, documents, extracted, run_id, dim),
-                                       ok + deleted, dim, result, run_id=run_id)
+                                       scope, dim, result, run_id=run_id)
     else:  # embedded holds chunk and doc ids and enrichment keys only; the rows come from parts, streamed
         chunks_version = commit_chunks(db, chunks_table, _chunk_reader(parts(), documents, extracted, run_id, dim),
-                                       ok + deleted, dim, result, num_rows=embedded.num_rows,
+                                       scope, dim, result, num_rows=embedded.num_rows,
                                        new_ids=embedded["chunk_id"].to_pylist(), run_id=run_id)
     failpoint("chunks-committed")
     # Quarantine rows before the documents rows: those are what tells the next run that this group's documents

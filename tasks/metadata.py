@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html as html_lib
+import io
 import json
 import lzma
 import mmap
@@ -9,10 +11,17 @@ import os
 import re
 import shutil
 import threading
+import xml.etree.ElementTree as ET  # noqa: N817 - expat refuses entity expansion bombs (expat >= 2.4)
+import zipfile
 from array import array
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
+
+from schemas.config import ACCESS_LEVELS
+from schemas.errors import ExtractionError, one_line
+from tasks.access import declared_access, effective_access, field_name, stricter
 
 _FREE_FIELDS = ("description", "author", "date")  # front matter scalars kept as free (filterable) fields
 
@@ -26,7 +35,10 @@ def _iso_language(value: object) -> str | None:
 
 
 def front_matter_metadata(front: dict) -> dict:
-    """Pick what Inlet keeps from front matter: tags (tags/keywords), language, and a few free fields."""
+    """Pick what Inlet keeps from front matter: tags (tags/keywords), language, a few free fields, access and expiry.
+
+    Raise ExtractionError('invalid') when it declares an access level or expiry that is not valid.
+    """
     meta: dict[str, object] = {}
     tags = front.get("tags", front.get("keywords"))
     if isinstance(tags, str):
@@ -40,27 +52,88 @@ def front_matter_metadata(front: dict) -> dict:
         value = front.get(key)
         if isinstance(value, (str, int, float, bool)) or hasattr(value, "isoformat"):
             meta[key] = value.isoformat() if hasattr(value, "isoformat") else value
+    meta |= declared_access(list(front.items()), "front matter")
     return meta
 
 
-def html_metadata(text: str) -> dict:
-    """Read <html lang>, <meta name=description|author|keywords> from a page's head."""
-    head = text[:65536]
-    meta: dict[str, object] = {}
-    lang = re.search(r"<html\b[^>]*?\blang\s*=\s*[\"']?([\w-]+)", head, re.IGNORECASE)
-    if lang and _iso_language(lang.group(1)):
-        meta["language"] = _iso_language(lang.group(1))
-    import html as html_lib
+class _MetaTags(HTMLParser):
+    """The <html lang> and every <meta name=... content=...> of a page, in any attribute order or quoting."""
 
-    for name in ("description", "author", "keywords"):
-        found = re.search(rf"<meta\b[^>]*?\bname\s*=\s*[\"']{name}[\"'][^>]*?\bcontent\s*=\s*\"([^\"]*)\"", head,
-                          re.IGNORECASE)
-        if found and found.group(1).strip():
-            value = " ".join(html_lib.unescape(found.group(1)).split())
-            if name == "keywords":
-                meta["tags"] = [t.strip() for t in value.split(",") if t.strip()]
-            else:
-                meta[name] = value
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.lang: str | None = None
+        self.meta: list[tuple[str, str]] = []  # (name as written, content)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "html" and self.lang is None:
+            self.lang = found.get("lang")
+        elif tag == "meta" and found.get("name") and found.get("content") is not None:
+            self.meta.append((found["name"].strip(), found["content"] or ""))
+
+
+def html_metadata(text: str) -> dict:
+    """Read <html lang>, <meta name=description|author|keywords> and access and expiry <meta> tags from a page.
+
+    The whole page is read, not its head only: an access declaration is never missed for being placed late.
+    Every access or expiry tag counts, the strictest winning. Raise ExtractionError('invalid') when one
+    declares an access level or expiry that is not valid.
+    """
+    parser = _MetaTags()
+    parser.feed(text)
+    parser.close()
+    meta: dict[str, object] = {}
+    if _iso_language(parser.lang):
+        meta["language"] = _iso_language(parser.lang)
+    for name, content in parser.meta:
+        key, value = field_name(name), " ".join(html_lib.unescape(content).split())
+        if key == "keywords" and value and "tags" not in meta:
+            meta["tags"] = [t.strip() for t in value.split(",") if t.strip()]
+        elif key in ("description", "author") and value and key not in meta:
+            meta[key] = value
+    return meta | declared_access([(n, c.strip()) for n, c in parser.meta], "HTML <meta>")
+
+
+_CORE_NS = "{http://schemas.openxmlformats.org/package/2006/metadata/core-properties}"
+_CUSTOM_NS = "{http://schemas.openxmlformats.org/officeDocument/2006/custom-properties}"
+_RELS_NS = "{http://schemas.openxmlformats.org/package/2006/relationships}"
+
+
+def _package_part(package: zipfile.ZipFile, kind: str) -> ET.Element | None:
+    """The XML of the package part the root relationships name as kind ('core-properties', 'custom-properties')."""
+    try:
+        rels = ET.fromstring(package.read("_rels/.rels"))
+    except KeyError:
+        return None
+    for rel in rels.iter(f"{_RELS_NS}Relationship"):
+        if rel.get("Type", "").endswith(f"/{kind}"):
+            try:
+                return ET.fromstring(package.read(rel.get("Target", "").lstrip("/")))
+            except KeyError:
+                return None
+    return None
+
+
+def docx_metadata(data: bytes) -> dict:
+    """A DOCX's access level and expiry: custom properties named as in front matter, or Category set to a level.
+
+    python-docx (which unstructured reads DOCX with) has no API for custom properties, so the package's
+    documented parts (ECMA-376 Part 2: _rels/.rels, docProps/core.xml, docProps/custom.xml) are read here.
+    Raise ExtractionError('invalid') for a declared value that is not valid, 'corrupt' for unreadable parts.
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as package:
+            core, custom = _package_part(package, "core-properties"), _package_part(package, "custom-properties")
+    except (zipfile.BadZipFile, ET.ParseError, OSError) as exc:
+        raise ExtractionError("corrupt", f"the DOCX's properties cannot be read ({one_line(exc)})") from exc
+    fields = []
+    for prop in custom.iter(f"{_CUSTOM_NS}property") if custom is not None else ():
+        value = next(iter(prop), None)  # one typed value element: vt:lpwstr, vt:filetime, ...
+        fields.append((prop.get("name", ""), (value.text or "").strip() if value is not None else ""))
+    meta = declared_access(fields, "DOCX custom property")
+    category = core.find(f"{_CORE_NS}category") if core is not None else None
+    if category is not None and (category.text or "").strip().lower() in ACCESS_LEVELS:
+        meta = stricter(meta, {"declared_level": category.text.strip().lower()})
     return meta
 
 
@@ -256,12 +329,13 @@ def detect_language(rows: list[dict], sample_chars: int = 2000) -> str | None:
 
 
 def merged_metadata(doc: dict, own: dict) -> dict:
-    """A document's language, tags and free fields: its own (front matter, page, detection) merged with its source's.
+    """A document's language, tags, free fields, access level and expiry: its own merged with its source's.
 
     The source's language wins over a detected one but not over one the document states; tags are
-    the union; the source's free fields win over the document's.
+    the union; the source's free fields win over the document's; access as tasks/access.py says.
     """
     language = own.get("language") or doc.get("language") or own.get("detected_language")
     tags = list(dict.fromkeys([*(doc.get("tags") or []), *own.get("tags", [])]))
     extra = {**{k: own[k] for k in _FREE_FIELDS if k in own}, **json.loads(doc.get("extra") or "{}")}
-    return {"language": language, "tags": tags, "extra": json.dumps(extra, sort_keys=True)}
+    return {"language": language, "tags": tags, "extra": json.dumps(extra, sort_keys=True),
+            **effective_access(doc["access_level"], doc.get("expires_at"), own)}

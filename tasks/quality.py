@@ -33,7 +33,7 @@ from schemas.arrow import (
     embedded_chunks_schema,
 )
 from schemas.config import ACCESS_LEVELS, QualityConfig
-from schemas.errors import DataQualityError, DocumentFailure
+from schemas.errors import INVALID, DataQualityError, DocumentFailure
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.isolate import fails_the_run, failing_items, quarantined_by, without_documents
 from tasks.memory import freeze_imports
@@ -387,7 +387,7 @@ def quarantine_invalid(extracted: pa.Table, embedded: pa.Table, reasons: dict[st
     rows = extracted.to_pylist()
     for row in rows:
         if row["doc_id"] in reasons and row["status"] == "ok":
-            row.update(status="quarantined", reason="invalid", message=reasons[row["doc_id"]], stage="validate")
+            row.update(status="quarantined", reason=INVALID, message=reasons[row["doc_id"]], stage="validate")
     keep = pc.invert(pc.is_in(embedded["doc_id"], value_set=pa.array(sorted(reasons), pa.string())))
     return pa.Table.from_pylist(rows, schema=extracted.schema), embedded.filter(keep)
 

@@ -16,8 +16,9 @@ from tasks.artifacts import read_artifact, write_artifact
 from tasks.stage import stage
 from tasks.store import connect, open_table, select_where_in
 
-_STORED = pa.schema([*CHUNKS_SCHEMA, pa.field("title", pa.string()), pa.field("language", pa.string()),
-                     pa.field("tags", pa.list_(pa.string())), pa.field("extra", pa.string())])
+_OWN = ("language", "tags", "extra", "access_level", "expires_at")  # a document's merged metadata, as committed
+_STORED = pa.schema([*CHUNKS_SCHEMA, pa.field("title", pa.string()),
+                     *(EXTRACTED_SCHEMA.field(name) for name in _OWN)])
 
 
 def refresh_ids(documents: pa.Table) -> list[str]:
@@ -31,12 +32,13 @@ def stored_work(stored: pa.Table, documents: pa.Table) -> tuple[pa.Table, pa.Tab
     stored = stored.sort_by([("doc_id", "ascending"), ("chunk_index", "ascending")])
     hashes = dict(zip(documents["doc_id"].to_pylist(), documents["content_hash"].to_pylist()))
     first: dict[str, dict] = {}
-    for row in stored.select(["doc_id", "title", "language", "tags", "extra"]).to_pylist():
+    for row in stored.select(["doc_id", "title", *_OWN]).to_pylist():
         first.setdefault(row["doc_id"], row)
-    # The stored chunks carry the document's merged metadata (front matter, detected language): keep it.
+    # The stored chunks carry the document's merged metadata (front matter, detected language, its own access
+    # level and expiry): keep it.
     extracted = pa.Table.from_pylist(
         [{"doc_id": d, "title": first.get(d, {}).get("title"), "status": "ok", "reason": None, "message": None,
-          "content_hash": hashes[d], **{k: first.get(d, {}).get(k) for k in ("language", "tags", "extra")}}
+          "content_hash": hashes[d], **{k: first.get(d, {}).get(k) for k in _OWN}}
          for d in refresh_ids(documents)], schema=EXTRACTED_SCHEMA)
     return stored.select(CHUNKS_SCHEMA.names).cast(CHUNKS_SCHEMA), extracted
 

@@ -18,6 +18,7 @@ from schemas.arrow import (
     RUN_USAGE,
     RUNS_SCHEMA,
 )
+from tasks.access import raised_and_lowered
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.enrich import failed_enrichments
 from tasks.failpoints import failpoint
@@ -44,6 +45,26 @@ def text_counts(embedded: pa.Table) -> dict[str, int]:
             "texts_truncated": _true(embedded["truncated"]), "texts_enrich_failed": failed_enrichments(embedded)}
 
 
+MAX_NAMED = 20  # notices that name documents name this many, then count the rest
+
+
+def declared_levels(documents: pa.Table, extracted: pa.Table) -> tuple[list[str], list[str]]:
+    """The indexed documents whose own declaration raised their level, and notices for the lowerings ignored."""
+    ok = extracted.filter(pc.and_(pc.equal(extracted["status"], "ok"), pc.is_valid(extracted["declared_level"])))
+    if not ok.num_rows:
+        return [], []
+    floor = dict(zip(documents["doc_id"].to_pylist(), documents["access_level"].to_pylist()))
+    rows = ok.select(["doc_id", "declared_level"]).to_pylist()
+    raised, lowered = raised_and_lowered([floor.get(r["doc_id"]) for r in rows], [r["declared_level"] for r in rows])
+    notices = [f"{rows[i]['doc_id']} declares access level {rows[i]['declared_level']}, below its source's "
+               f"{floor[rows[i]['doc_id']]}: ignored, it is indexed as {floor[rows[i]['doc_id']]}"
+               for i in lowered[:MAX_NAMED]]
+    if len(lowered) > MAX_NAMED:
+        notices.append(f"... and {len(lowered) - MAX_NAMED} more documents declare a level below their source's "
+                       "(ignored)")
+    return [rows[i]["doc_id"] for i in raised], notices
+
+
 def summarize_run(documents: pa.Table, extracted: pa.Table, texts: dict[str, int], load: dict,
                   usage: dict | None = None) -> dict:
     """Count what the run did, stage by stage, and what its model calls cost."""
@@ -51,10 +72,12 @@ def summarize_run(documents: pa.Table, extracted: pa.Table, texts: dict[str, int
     for change in documents["change"].to_pylist():
         changes[change] += 1
     failed = extracted.filter(pc.equal(extracted["status"], "quarantined")).to_pylist()
+    raised, _ = declared_levels(documents, extracted)
     return {
         **{f"docs_{k}": v for k, v in changes.items()},
         "docs_quarantined": len(failed),
         "docs_refreshed": len(refresh_ids(documents)),
+        "docs_access_raised": len(raised),
         **{k: load[k] for k in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written")},
         **{k: texts.get(k, 0) for k in ("texts_enriched", "texts_embedded", "texts_truncated", "texts_enrich_failed")},
         **total_usage(usage or {}),
@@ -144,7 +167,9 @@ def report_stage(documents_path: str, extracted_paths: list[str], texts: dict[st
     validation = validation or []
     extracted = (pa.concat_tables([read_artifact(p, EXTRACTED_SCHEMA) for p in extracted_paths])
                  if extracted_paths else EXTRACTED_SCHEMA.empty_table())
-    summary = summarize_run(read_artifact(documents_path, DOCUMENTS_SCHEMA), extracted, texts, load, usage)
+    documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
+    summary = summarize_run(documents, extracted, texts, load, usage)
+    notices = [*notices, *declared_levels(documents, extracted)[1]]
     row = runs_row(summary, run_id=run_id, started=started, finished=finished, status="completed",
                    config_fp=config_fp, stage_seconds=stage_seconds, versions=load["versions"], notices=notices)
     write_artifact(row, run_dir, "run", RUNS_SCHEMA)
