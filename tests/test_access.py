@@ -312,3 +312,49 @@ def test_re_enriching_stored_chunks_keeps_each_documents_own_level_and_expiry(tw
     assert refreshed["docs_refreshed"] == len(before) and refreshed["docs_changed"] == 0
     after = {d: {(c["access_level"], c["expires_at"]) for c in rows} for d, rows in _chunks(config).items()}
     assert after == before and after["club:vault.md"] == {("confidential", None)}
+
+
+def _html(text: str, **meta: str) -> str:
+    tags = "".join(f'<meta name="{name}" content="{value}">' for name, value in meta.items())
+    return f"<html><head><title>Note</title>{tags}</head><body><h1>Note</h1><p>{text}</p></body></html>"
+
+
+FORMATS = {
+    "md": lambda text, level=None, expires=None: _markdown(text, **{k: v for k, v in (
+        ("access_level", level), ("expires_at", expires)) if v}).encode(),
+    "html": lambda text, level=None, expires=None: _html(text, **{k: v for k, v in (
+        ("access-level", level), ("expires", expires)) if v}).encode(),
+    "docx": lambda text, level=None, expires=None: _docx(text, custom={k: v for k, v in (
+        ("access_level", level), ("expires_at", expires)) if v}),
+}
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_markdown_html_and_docx_declarations_behave_alike(tmp_path, write_config):
+    corpus = tmp_path / "formats"
+    corpus.mkdir()
+    topics = {"md": "lighthouse keeper logbook", "html": "chandlery invoice ledger", "docx": "sailmaker repair queue"}
+    for fmt, make in FORMATS.items():
+        words = topics[fmt]
+        (corpus / f"raised.{fmt}").write_bytes(make(f"The {words} for the raised note is audited weekly.",
+                                                    level="confidential"))
+        (corpus / f"expired.{fmt}").write_bytes(make(f"The {words} for the expired note was archived.",
+                                                     expires="2020-01-01"))
+        (corpus / f"invalid.{fmt}").write_bytes(make(f"The {words} for the invalid note is pending.", level="secret"))
+    config = write_config(corpus)
+    summary = ingest(config_path=str(config))
+    quarantined = {q["doc_id"]: q for q in summary["quarantined"]}
+    chunks = _chunks(config)
+    for fmt, words in topics.items():
+        assert quarantined[f"sample:invalid.{fmt}"]["reason"] == "invalid", fmt
+        assert "'secret' is not an access level" in quarantined[f"sample:invalid.{fmt}"]["message"], fmt
+        assert {c["access_level"] for c in chunks[f"sample:raised.{fmt}"]} == {"confidential"}, fmt
+        assert {c["expires_at"] for c in chunks[f"sample:expired.{fmt}"]} == {datetime(2020, 1, 1, tzinfo=UTC)}, fmt
+        for clearance in ("public", "restricted"):
+            found = _ids(config, f"{words} raised note audited", clearance)
+            assert all(f"sample:raised.{fmt}" not in ids for ids in found.values()), (fmt, clearance)
+        found = _ids(config, f"{words} expired note archived", "confidential")
+        assert all(f"sample:expired.{fmt}" not in ids for ids in found.values()), fmt
+        assert all(f"sample:raised.{fmt}" in ids for ids in _ids(config, f"{words} raised note audited",
+                                                                   "confidential").values()), fmt
+    assert summary["docs_access_raised"] == 3
