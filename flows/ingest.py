@@ -26,14 +26,11 @@ from tasks.artifacts import artifacts_flushed, flush_artifacts, is_remote, join,
 from tasks.batch import (
     STAGES,
     IndexPlan,
-    InThisThread,
     batch_bytes,
     batch_stage,
     merge_usage,
     merge_validation,
     plan_batches,
-    stage_runs,
-    warm_up,
     write_batch_documents,
 )
 from tasks.cpu import close_cpu_pool, default_workers, start_cpu_pool, worth_a_pool
@@ -44,9 +41,8 @@ from tasks.isolate import Breaker
 from tasks.load import Writer, fulltext_stage, publish_stage, upsert_stage
 from tasks.memory import freeze_imports, release_memory, use_lean_allocators
 from tasks.progress import stage_progress
-from tasks.quality import warm as warm_quality
 from tasks.report import report_stage
-from tasks.stage import opaque_value, prepare, task_if
+from tasks.stage import opaque_value, prepare
 from tasks.store import (
     connect,
     is_remote_store,
@@ -54,13 +50,12 @@ from tasks.store import (
     use_store_options,
     writer_lock,
 )
-from tasks.threads import beside
 
 # Import-time work that the first run's body paid before: Prefect's task engine and the stages' tasks, the
 # system's MIME table that the crawl reads (6 ms), and Arrow's time-zone database, which Arrow's C++ loads on
 # its first time-zoned timestamp (~5 ms; every listing has an expires_at column). A process serving the flow
 # pays them once.
-prepare(report_stage, upsert_stage, fulltext_stage, publish_stage, *STAGES)
+prepare(crawl_stage, detect_stage, report_stage, upsert_stage, fulltext_stage, publish_stage, *STAGES)
 mimetypes.init()
 pa.array([None], pa.timestamp("us", tz="UTC"))
 freeze_imports()  # what the imports above made lives as long as the process: no full collection walks it again
@@ -137,14 +132,11 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     # One writer at a time: a second run against this store is refused (or waits) before it reads anything.
     # A run that fails leaves no artifact write waiting for the next run's flush to report.
     with writer_lock(cfg.store.uri, run_id, cfg.store.lock_wait_s), artifacts_flushed():
-        read_known = lambda: known_documents(connect(store), cfg.store.documents_table)  # noqa: E731
-        if any(src.kind == "web" for src in cfg.sources):
-            # The main index's documents give web pages their validators (ETag) for conditional requests.
-            known_main = read_known()
-            listing, failed_sources, crawl_notices = clock.run("crawl", crawl_stage, cfg, run_dir, known_main)
-        else:  # a listing needs no stored row: the store is read meanwhile (LanceDB's work, off the interpreter lock)
-            known_main, (listing, failed_sources, crawl_notices) = beside(
-                read_known, lambda: clock.run("crawl", crawl_stage, cfg, run_dir, None))
+        known_main = known_documents(connect(store), cfg.store.documents_table)
+        # The main index's documents give web pages their validators (ETag) for conditional requests.
+        web = any(src.kind == "web" for src in cfg.sources)
+        listing, failed_sources, crawl_notices = clock.run("crawl", crawl_stage, cfg, run_dir,
+                                                           known_main if web else None)
         failpoint("crawled")
         detected = []
         for plan, notices in variants:
@@ -174,14 +166,13 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         if cfg.execution.task_runner != "thread":
             flush_artifacts()  # worker processes read the batches' documents from disk
         sizes = batch_bytes(per_index[0], batches)
-        runs = stage_runs(sum(sizes), cfg.execution)  # commits and report as task runs of their own, or plain calls
         del per_index  # the batches read their own share
         writers = [Writer(store, documents, commit_rows=cfg.execution.commit_rows,
                           chunks_table=plan.cfg.store.chunks_table, documents_table=plan.cfg.store.documents_table,
                           quarantine_table=plan.cfg.store.quarantine_table,
                           dim=embedder_spec(plan.cfg.embedding).dim, settings_fp=settings_fp, run_id=run_id,
                           now=started, batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=known,
-                          inflight_dir=_inflight_dir(plan.cfg), stage_runs=runs)
+                          inflight_dir=_inflight_dir(plan.cfg))
                    for plan, (settings_fp, documents, known, _) in zip(plans, detected)]
         storage = {s.name: s.storage_options for s in cfg.sources if s.uri is not None}
         # Web pages are fetched into the artifact folder: workers read them back with its options.
@@ -199,7 +190,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
                 inflight.settle(markers, worked_ids(read_artifact(documents, DOCUMENTS_SCHEMA)))
             clock.seconds.update({k + _suffix(plan): round(v, 3) for k, v in writer.seconds.items()})
             key = "ingest-run-summary" + ("" if plan.name is None else f"-{plan.name}")
-            summaries.append(task_if(runs, report_stage)(
+            summaries.append(report_stage(
                 documents, work["extracted"], work["texts"], loaded, usage=work["usage"], store_uri=store,
                 run_id=run_id, started=started, finished=datetime.now(UTC), config_fp=cfg_i.fingerprint(),
                 stage_seconds=dict(clock.seconds), notices=[*notices, *done["notices"]], run_dir=plan.run_dir,
@@ -251,28 +242,17 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
     # One document never fails a run; most documents failing alike stop it before any commit (tasks/isolate.py).
     breaker = Breaker(sum(len(b) for b in batches), execution.systemic_share, execution.systemic_min_docs)
     try:
-        if execution.task_runner == "thread":  # batches in this process: load their models meanwhile
-            if worth_a_pool(sum(sizes)):  # its processes start in the background (~0.5 s), during the import below
-                start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
-            # GX's imports (~1.2 s) and set-up (its context and a sample validation, tasks/quality.py: warm) are
-            # paid here, only by a run with a batch to validate, and timed apart: like the flow's other imports,
-            # they are start-up, not work. The models load in this thread meanwhile
-            # (a lone batch runs here too). Had GX imported while the batch ran, it would have held the
-            # interpreter lock against the batch, which then took as long as the two one after the other.
-            start = time.perf_counter()
-            beside(warm_quality, warm_up)
-            totals["seconds"]["import gx"] = time.perf_counter() - start
+        if execution.task_runner == "thread" and worth_a_pool(sum(sizes)):  # batches in this process share it
+            start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
         # Batches in this process take what earlier ones sent to the models before the writer commits it.
         shared = uncommitted.sharing() if execution.task_runner == "thread" else contextlib.nullcontext()
         # Prefect's annotations do not survive pickling (an opaque comes back wrapping a tuple): only threads get them.
         unwalked = opaque_value if execution.task_runner == "thread" else lambda value: value
-        lone = execution.task_runner == "thread" and len(batches) == 1  # nothing to run beside it: run it here
-        with shared, InThisThread() if lone else make_task_runner(execution) as runner, \
+        with shared, make_task_runner(execution) as runner, \
                 stage_progress("batches", sum(len(b) for b in batches)) as advance:
             try:  # the Dask client connects on the first submission
                 futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": unwalked(extraction),
-                                                       "plans": unwalked(plans), "storage": unwalked(storage),
-                                                       "stage_runs": stage_runs(sizes[n], execution)})
+                                                       "plans": unwalked(plans), "storage": unwalked(storage)})
                            for n in range(len(batches))]
             except OSError as exc:
                 if execution.dask_address is None:  # not a cluster we were pointed at

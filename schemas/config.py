@@ -424,16 +424,17 @@ class StoreConfig(_Strict):
 class ExecutionConfig(_Strict):
     """How a run's work is cut into batches and where the batches run."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: object) -> object:
+        if isinstance(data, dict) and "stage_runs_mb" in data:
+            msg = "stage_runs_mb was removed: every stage is a Prefect task run in every run now; delete the key"
+            raise ValueError(msg)
+        return data
+
     batch_docs: int = Field(500, ge=1, description="Documents per batch: extract, chunk, enrich and embed run one "
                             "batch at a time per worker, so memory follows the batch size, not the corpus.")
     batch_mb: float = Field(64.0, gt=0, description="A batch closes early once its documents' bytes reach this.")
-    stage_runs_mb: float = Field(0.5, ge=0, description="A batch whose documents hold at least this many MB runs "
-                                 "each stage (extract, chunk, enrich, embed, validate) as a Prefect task run of its "
-                                 "own, and a run with that much to do commits, publishes and reports in task runs "
-                                 "too; below it they are plain calls inside the batch's task run or the flow run. "
-                                 "Prefect costs ~8 ms a task run, a quarter of a 1% run of 1,384 documents "
-                                 "(bench/README.md); the log lines and the run summary still give each stage's work "
-                                 "and seconds. 0: always task runs.")
     commit_rows: int = Field(50_000, ge=1, description="The writer commits to LanceDB once this many chunk rows "
                              "have come in (chunks, then their documents): a run makes a handful of table "
                              "versions, and a crash loses at most this much finished model work.")

@@ -14,10 +14,9 @@ import pyarrow.compute as pc
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from providers import tokenizer
 from providers.embedders import embedder_spec
 from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, REFRESH_ENRICHMENT, embedded_chunks_schema
-from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig
+from schemas.config import ExtractionConfig, InletConfig
 from tasks.artifacts import (
     artifacts_flushed,
     batch_dir,
@@ -32,13 +31,10 @@ from tasks.enrich import enrich_stage
 from tasks.extract import extract_stage
 from tasks.failpoints import failpoint
 from tasks.isolate import unexpected_errors
-from tasks.metadata import language_identifier, page_in_language_model
 from tasks.progress import quiet_stages
 from tasks.quality import validate_stage
-from tasks.refresh import refresh_ids, refresh_stage
+from tasks.refresh import refresh_stage
 from tasks.report import text_counts
-from tasks.report import warm as warm_report
-from tasks.stage import task_if
 from tasks.store import use_store_options
 from tasks.variants import extraction_todo_stage, for_variant_stage
 
@@ -118,57 +114,6 @@ def write_batch_documents(per_index: list[pa.Table], plans: list[IndexPlan], bat
                            batch_dir(plan.run_dir, number), "documents", DOCUMENTS_SCHEMA)
 
 
-# Prose, code and markup, as the stages meet them: a first pass through the tokenizer and the language model.
-_SAMPLE = ("# Installing the harbour app\n\nRun `make install` and open http://127.0.0.1:8080/ in a browser. The "
-           "service keeps 3 replicas; see [the guide](docs/guide.md) for details, e.g. `--timeout=30s`.\n\n"
-           "```yaml\nkind: Deployment\nspec:\n  replicas: 3\n```\n\n- one item\n- another, with *emphasis*\n")
-
-
-def warm_up() -> None:
-    """Load, in this thread, what the stages load on first use, and pass a sample through it.
-
-    The tokenizer and the language model (~0.1 s), then one text through each: tiktoken's first use in a
-    thread is slower (40 pages: 20 ms in a new thread, 11 in one that had encoded before), and the model's
-    mapped pages come in. The flow calls this in the thread that runs a lone batch, while GX imports.
-    """
-    try:
-        tokenizer.count_tokens(_SAMPLE)
-        tokenizer.warm()
-        language_identifier().classify(_SAMPLE)
-        page_in_language_model()
-        warm_report()  # the run's report follows its batches
-    except Exception:  # noqa: BLE001, S110 - a stage that needs what failed to load loads it again and says why
-        pass
-
-
-class InThisThread:
-    """A task runner for a lone batch: its task run in the calling thread, started when its result is asked for.
-
-    Nothing would run beside it, and the thread that loaded the models (warm_up) then runs it.
-    """
-
-    def __enter__(self) -> InThisThread:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def submit(self, task: Callable[..., Any], parameters: dict[str, Any]) -> _Deferred:
-        """Return a future-like whose result() runs the task."""
-        return _Deferred(task, parameters)
-
-
-@dataclass
-class _Deferred:
-    """A task and its parameters, run when its result is asked for."""
-
-    task: Callable[..., Any]
-    parameters: dict[str, Any]
-
-    def result(self) -> Any:
-        return self.task(**self.parameters)
-
-
 def _timed(seconds: dict[str, float], name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     start = time.perf_counter()
     try:
@@ -177,13 +122,8 @@ def _timed(seconds: dict[str, float], name: str, fn: Callable[..., Any], *args: 
         seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def stage_runs(nbytes: int, execution: ExecutionConfig) -> bool:
-    """Tell whether work of nbytes listed bytes runs its stages as task runs of their own (stage_runs_mb)."""
-    return nbytes >= execution.stage_runs_mb * 1024 * 1024
-
-
 def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, shared: bool,
-                 seconds: dict[str, float], runs: bool) -> dict:
+                 seconds: dict[str, float]) -> dict:
     """Chunk, enrich, embed and validate one batch for one index; return its artifacts, counts and usage."""
     cfg, here = plan.cfg, batch_dir(plan.run_dir, number)
     store, table = cfg.store.uri, cfg.store.chunks_table
@@ -191,30 +131,26 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
     documents = join(here, "documents.parquet")
     timed = _timed if plan.name is None else (
         lambda seconds, name, *args: _timed(seconds, f"{name} {plan.name}", *args))
-    # Stages with nothing to do in this batch run as plain calls inside the batch's task run, not as task runs of
-    # their own: each would cost ~5 ms of Prefect and three events for the server, and a UI row saying "did nothing".
-    refresh = task_if(runs and bool(refresh_ids(read_artifact(documents, DOCUMENTS_SCHEMA))), refresh_stage)
-    enrich = task_if(runs and cfg.enrichment.enabled, enrich_stage)
-    validate = task_if(runs and cfg.quality.enabled, validate_stage)
+    # Every stage is a task run of its own, also one with nothing to do in this batch: the Prefect UI shows the
+    # same DAG for every run, and a stage that did nothing says so in its log.
     if shared:  # several indexes: this one takes the documents it reprocesses from the shared extraction
-        elements, extracted = timed(seconds, "select", task_if(runs, for_variant_stage), elements, extracted,
-                                    documents, here)
+        elements, extracted = timed(seconds, "select", for_variant_stage, elements, extracted, documents, here)
     # Each per-document stage quarantines the documents it raised on in a new extracted artifact, and goes on.
-    chunks, extracted = timed(seconds, "chunk", task_if(runs, chunk_stage), elements, cfg.chunking, here, extracted)
+    chunks, extracted = timed(seconds, "chunk", chunk_stage, elements, cfg.chunking, here, extracted)
     failpoint("batch-chunked")
     # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.
-    chunks, extracted = timed(seconds, "refresh", refresh, documents, chunks, extracted, store, table, here)
+    chunks, extracted = timed(seconds, "refresh", refresh_stage, documents, chunks, extracted, store, table, here)
     with _MODELS:
-        enriched = timed(seconds, "enrich", enrich, chunks, extracted, cfg.enrichment, cfg.pricing, store,
+        enriched = timed(seconds, "enrich", enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store,
                           table, here, plan.jobs_dir)
         failpoint("batch-enriched")
-        embedded = timed(seconds, "embed", task_if(runs, embed_stage), enriched["path"], enriched["extracted"],
+        embedded = timed(seconds, "embed", embed_stage, enriched["path"], enriched["extracted"],
                          cfg.embedding, cfg.enrichment, cfg.pricing, store, table, here, plan.jobs_dir)
         key = "embed model" if plan.name is None else f"embed model {plan.name}"
         seconds[key] = seconds.get(key, 0.0) + embedded.get("model_seconds", 0.0)  # inside the embedder's calls
         failpoint("batch-embedded")
     # Data-quality gates: quarantine what fails a `quarantine` check, stop before committing on a `fail` check.
-    gated = timed(seconds, "validate", validate, documents, elements, embedded["extracted"], embedded["path"],
+    gated = timed(seconds, "validate", validate_stage, documents, elements, embedded["extracted"], embedded["path"],
                    cfg.quality, cfg.chunking.max_tokens, dim, here)
     final = read_artifact(gated["embedded"], embedded_chunks_schema(dim))
     return {"extracted": gated["extracted"], "embedded": gated["embedded"], "rows": final.num_rows,
@@ -225,11 +161,10 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
 
 @task(name="batch", task_run_name="batch-{number}", cache_policy=NO_CACHE)
 def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: list[IndexPlan],
-                storage: dict[str, dict], stage_runs: bool = True) -> dict:
-    """Extract one batch once, then chunk, enrich, embed and validate it for every index.
+                storage: dict[str, dict]) -> dict:
+    """Extract one batch once, then chunk, refresh, enrich, embed and validate it for every index, each a task run.
 
-    stage_runs: each stage with work to do is a task run of its own (else all run inside this one; see
-    ExecutionConfig.stage_runs_mb). Returns {"indexes": one result per plan, "notices": [...], "seconds":
+    Returns {"indexes": one result per plan, "notices": [...], "seconds":
     {stage: seconds}, "span": its start and end, wall clock}; every table it made is an artifact under the
     batch's folder, so the batch may run on another machine.
     """
@@ -242,11 +177,10 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
     with quiet_stages(), artifacts_flushed():
         here = batch_dir(run_dir, number)
         documents = [join(batch_dir(p.run_dir, number), "documents.parquet") for p in plans]
-        todo = documents[0] if len(plans) == 1 else task_if(stage_runs, extraction_todo_stage)(documents, here)
-        elements, extracted, notices = _timed(seconds, "extract", task_if(stage_runs, extract_stage), todo,
-                                              extraction, here, storage)
+        todo = documents[0] if len(plans) == 1 else extraction_todo_stage(documents, here)
+        elements, extracted, notices = _timed(seconds, "extract", extract_stage, todo, extraction, here, storage)
         failpoint("batch-extracted")
-        results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, seconds, stage_runs)
+        results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, seconds)
                    for plan in plans]
     failpoint("batch-validated")
     return {"indexes": results, "notices": notices, "seconds": seconds, "span": (began, time.time())}

@@ -27,6 +27,7 @@ from tasks import web
 from tasks.artifacts import join, write_artifact
 from tasks.bundle import NotABundleError, keep_member, member_uri, parse_bundle
 from tasks.extract import decode_text
+from tasks.stage import stage
 
 
 def metadata_for(src: SourceConfig, rel: str) -> SourceMetadata:
@@ -373,12 +374,9 @@ def crawl_sources(cfg: InletConfig, known: pa.Table | None = None,
     return pa.concat_tables(parts).combine_chunks(), failed, notices
 
 
+@stage("crawl")
 def crawl_stage(cfg: InletConfig, run_dir: str, known: pa.Table | None = None) -> tuple[str, dict[str, str], list[str]]:
-    """List the sources and write the listing artifact; return its path, failed sources and notices.
-
-    Called by the flow itself, not as a task run of its own: every run crawls, most in milliseconds, and a
-    task run costs ~8 ms of Prefect's engine and server (bench/README.md). Its log lines are the flow run's.
-    """
+    """List the sources and write the listing artifact; return its path, failed sources and notices."""
     listing, failed, notices = crawl_sources(cfg, known, run_dir)
     logger = get_run_logger()
     logger.info("crawled %d files from %d sources", listing.num_rows, len(cfg.sources))

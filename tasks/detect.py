@@ -17,6 +17,7 @@ from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA, REFRESH_ENRICHMENT, 
 from schemas.config import InletConfig
 from schemas.errors import ConfigError
 from tasks.artifacts import read_artifact, write_artifact
+from tasks.stage import stage
 
 # Bump when extraction or chunking code changes what it produces: every document is reprocessed.
 # 2: Markdown cleaning, PDF running headers, HTML boilerplate, character-safe windows. 3: documents' own access
@@ -218,13 +219,13 @@ def refuse_unindexed_failures(origin: str, cfg: InletConfig, failed: dict[str, s
             raise ConfigError(msg)
 
 
+@stage("detect")
 def detect_stage(listing_path: str, known: pa.Table, settings_fp: str, cfg: InletConfig, run_dir: str,
                  retry_quarantined: bool = False, failed_sources: dict[str, str] | None = None,
                  allow_deletions: bool = False, interrupted: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
     """Classify listed files against the documents table and write the documents artifact; return it and notices.
 
-    Sources held by the mass-deletion guard keep their vanished documents, unless allow_deletions. Called by
-    the flow itself, as the crawl is (tasks/crawl.py).
+    Sources held by the mass-deletion guard keep their vanished documents, unless allow_deletions.
     """
     listing = read_artifact(listing_path, LISTING_SCHEMA)
     failed_sources = failed_sources or {}

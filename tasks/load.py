@@ -30,7 +30,7 @@ from tasks.artifacts import read_artifact
 from tasks.enrich import failed_mask
 from tasks.failpoints import failpoint
 from tasks.memory import release_memory
-from tasks.stage import stage, task_if
+from tasks.stage import stage
 from tasks.store import (
     DOCUMENTS,
     IN_BATCH,
@@ -460,6 +460,9 @@ def upsert_stage(store_uri: str, documents_path: str, extracted_paths: list[str]
     keys = (pa.concat_tables([read_artifact(p, schema).select(_KEY_COLUMNS) for p in embedded_paths])
             if embedded_paths else schema.empty_table().select(_KEY_COLUMNS))
     documents = _settled(read_artifact(documents_path, DOCUMENTS_SCHEMA), extracted["doc_id"].to_pylist(), last)
+    if not documents.num_rows and not extracted.num_rows:  # a run that changed nothing: no table is touched
+        get_run_logger().info("nothing to commit")
+        return asdict(LoadResult())
     result = commit_group(connect(store_uri), chunks_table, documents, extracted, keys, dim=dim,
                           settings_fp=settings_fp, run_id=run_id, now=now, documents_table=documents_table,
                           quarantine_table=quarantine_table,
@@ -473,10 +476,17 @@ def upsert_stage(store_uri: str, documents_path: str, extracted_paths: list[str]
 
 @stage("publish")
 def publish_stage(store_uri: str, chunks_table: str, run_id: str, *, fulltext_index: bool, ann_min_rows: int) -> dict:
-    """Bring the chunks table's indexes up to date, then tag the version and publish it to readers."""
+    """Bring the chunks table's indexes up to date, then tag the version and publish it to readers.
+
+    A version readers already see (a run that changed nothing) is only tagged with the run id.
+    """
     table = open_table(connect(store_uri), chunks_table)
     if table is None:
         return {"indexes": {}, "version": None}
+    if published_current(table, fulltext=fulltext_index):
+        tag_version(table, run_id)
+        get_run_logger().info("nothing new to publish: version %d tagged %s", table.version, run_id)
+        return {"indexes": index_coverage(table), "version": table.version}
     # Before the tag, so that the run's tagged version carries current indexes.
     indexes = refresh_indexes(table, fulltext=fulltext_index, ann_min_rows=ann_min_rows)
     failpoint("indexed")
@@ -505,10 +515,8 @@ class Writer:
     def __init__(self, store_uri: str, documents_path: str, *, commit_rows: int, chunks_table: str,
                  documents_table: str, dim: int, settings_fp: str, run_id: str, now: datetime, batches: int = 0,
                  quarantine_table: str = QUARANTINE,
-                 fulltext_index: bool = False, known: pa.Table | None = None, inflight_dir: str | None = None,
-                 stage_runs: bool = True) -> None:
+                 fulltext_index: bool = False, known: pa.Table | None = None, inflight_dir: str | None = None) -> None:
         self._store, self._documents, self._commit_rows = store_uri, documents_path, commit_rows
-        self._runs = stage_runs  # commits and publishing as task runs of their own (a small run's are plain calls)
         # known: the documents table read at the run's start, so that no group reads it again (see commit_group).
         self._args = {"chunks_table": chunks_table, "documents_table": documents_table,
                       "quarantine_table": quarantine_table, "dim": dim,
@@ -520,10 +528,6 @@ class Writer:
         self._committed = False
         self.result = LoadResult()
         self.seconds = {"upsert": 0.0, "publish": 0.0}
-
-    def _settled_already(self) -> bool:
-        """Tell whether the run's documents leave the last group nothing to commit (no deletions, nothing touched)."""
-        return _settled(read_artifact(self._documents, DOCUMENTS_SCHEMA), [], last=True).num_rows == 0
 
     def add(self, batch: dict, *, hold: bool = False) -> None:
         """Take a finished batch ({extracted, embedded, rows}); commit the group once it holds commit_rows rows.
@@ -545,7 +549,7 @@ class Writer:
             self._commit(last=False)
             if self._fulltext:
                 start = time.perf_counter()
-                task_if(self._runs, fulltext_stage)(self._store, self._args["chunks_table"])
+                fulltext_stage(self._store, self._args["chunks_table"])
                 self.seconds["index"] = time.perf_counter() - start
 
     def _group_size(self) -> int:
@@ -560,8 +564,8 @@ class Writer:
     def _commit(self, *, last: bool, count: int | None = None) -> None:
         start = time.perf_counter()
         group, self._pending = (self._pending, []) if count is None else (self._pending[:count], self._pending[count:])
-        done = task_if(self._runs, upsert_stage)(self._store, self._documents, [b["extracted"] for b in group],
-                                                 [b["embedded"] for b in group], last=last, **self._args)
+        done = upsert_stage(self._store, self._documents, [b["extracted"] for b in group],
+                            [b["embedded"] for b in group], last=last, **self._args)
         uncommitted.forget(b["embedded"].rsplit("/", 1)[0] for b in group)
         self._committed = True
         for name in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written", "docs_quarantined"):
@@ -572,21 +576,13 @@ class Writer:
     def finish(self, *, fulltext_index: bool, ann_min_rows: int) -> dict:
         """Commit the last group with the run's deletions, refresh indexes, tag and publish; return the totals.
 
-        A run with nothing to commit, over a store whose latest version is published already, only tags
-        that version with its run id: no upsert or publish task, no index check beyond a glance.
+        Both are task runs in every run, a no-op's too (its commit has nothing to write, its publish only tags
+        the version readers already see with the run id): the Prefect UI shows every run's whole DAG.
         """
-        if self._pending or self._committed or not self._settled_already():
-            self._commit(last=True)
+        self._commit(last=True)
         start = time.perf_counter()
-        table = None if self._committed else open_table(connect(self._store), self._args["chunks_table"])
-        if table is not None and published_current(table, fulltext=fulltext_index):
-            tag_version(table, self._args["run_id"])
-            self.result.indexes = index_coverage(table)
-            self.result.versions[self._args["chunks_table"]] = table.version
-            self.seconds["publish"] = time.perf_counter() - start
-            return asdict(self.result)
-        published = task_if(self._runs, publish_stage)(self._store, self._args["chunks_table"], self._args["run_id"],
-                                                       fulltext_index=fulltext_index, ann_min_rows=ann_min_rows)
+        published = publish_stage(self._store, self._args["chunks_table"], self._args["run_id"],
+                                  fulltext_index=fulltext_index, ann_min_rows=ann_min_rows)
         self.seconds["publish"] = time.perf_counter() - start
         self.result.indexes = published["indexes"]
         if published["version"] is not None:

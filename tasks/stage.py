@@ -71,15 +71,6 @@ def prepare(*stages: Stage) -> None:
         s.task()
 
 
-def task_if(run: bool, stage: Stage) -> Callable[..., Any]:
-    """The stage as its Prefect task when run is true; else its plain function, inside the caller's run.
-
-    A plain call logs to the enclosing flow or task run, and the run summary still times it: what it gives up
-    is a task run of its own (~8 ms of Prefect's engine, events and server work; bench/README.md).
-    """
-    return stage if run else stage.fn
-
-
 def _stage_named(module: str, name: str) -> Stage:
     return getattr(importlib.import_module(module), name)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import threading
 from pathlib import Path
 
 import lancedb
@@ -298,36 +297,42 @@ def test_a_one_group_run_commits_and_indexes_before_its_last_batch_and_still_fin
 
 @pytest.fixture
 def task_names(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record the name of every Prefect task run called (the real task still runs)."""
-    from prefect.tasks import Task
+    """Record the name of every Prefect task run started, called or submitted to a task runner (the real one runs)."""
+    import prefect.task_engine
 
     seen: list[str] = []
-    original = Task.__call__
+    original = prefect.task_engine.run_task_sync
 
-    def spy(self: Task, *args, **kwargs):
-        seen.append(self.name)
-        return original(self, *args, **kwargs)
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("task") or args[0]).name)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(Task, "__call__", spy)
+    monkeypatch.setattr(prefect.task_engine, "run_task_sync", spy)
     return seen
 
 
-def test_stages_with_nothing_to_do_in_a_batch_make_no_task_run_and_change_no_result(corpus, write_config,
-                                                                                   task_names, caplog):
-    # Each task run costs ~5 ms and events for the server; a stage with nothing to do runs inside the batch's.
-    every = {"stage_runs_mb": 0}  # a task run per stage with work, however small the batch
-    on = ingest(config_path=str(write_config(corpus, execution=every)))
-    assert {"extract", "chunk", "enrich", "embed", "validate"} <= set(task_names)
-    assert "refresh enrichment" not in task_names, "no document's enrichment alone was stale"
+EVERY_STAGE = ["crawl", "detect", "batch", "extract", "chunk", "refresh enrichment", "enrich", "embed", "validate",
+               "upsert", "publish", "report"]
+
+
+def test_every_stage_is_a_task_run_in_every_run_even_with_nothing_to_do(corpus, write_config, task_names, caplog):
+    """The Prefect UI shows the same DAG for a run of any size: a stage with nothing to do runs and says so."""
+    config = write_config(corpus)
+    first = ingest(config_path=str(config))
+    assert task_names == EVERY_STAGE, "one batch: every stage once, in the order the DAG runs them"
+    assert first["docs_new"] == 5
 
     task_names.clear()
-    off = write_config(corpus, name="off.yaml", store="off", enrichment={"enabled": False}, quality={"enabled": False},
-                       execution=every)
+    noop = ingest(config_path=str(config))
+    assert task_names == ["crawl", "detect", "upsert", "publish", "report"], "no batch: no batch stages"
+    assert noop["docs_unchanged"] == 5 and "nothing to commit" in caplog.text and "nothing new to publish" in caplog.text
+
+    task_names.clear()
+    off = write_config(corpus, name="off.yaml", store="off", enrichment={"enabled": False}, quality={"enabled": False})
     summary = ingest(config_path=str(off))
-    assert {"extract", "chunk", "embed"} <= set(task_names)
-    assert not {"enrich", "validate", "refresh enrichment"} & set(task_names), task_names
-    assert summary["docs_new"] == on["docs_new"] == 5 and summary["validation"] == []
-    assert summary["chunks_written"] == on["chunks_written"] > 0
+    assert task_names == EVERY_STAGE, "enrichment and validation off: their task runs still show, doing nothing"
+    assert summary["docs_new"] == first["docs_new"] and summary["validation"] == []
+    assert summary["chunks_written"] == first["chunks_written"] > 0
     chunks = _tables(off)[1]
     assert {c["enrichment"] for c in chunks} == {None}, "enrichment off: the column stays empty"
     # The log says so, rather than counting every chunk as a reused enrichment.
@@ -335,30 +340,3 @@ def test_stages_with_nothing_to_do_in_a_batch_make_no_task_run_and_change_no_res
     assert f"enriched 0 of {len(chunks)} chunks" not in caplog.text
 
 
-def test_a_small_run_makes_one_task_run_per_batch_and_the_same_tables_as_one_with_a_task_run_per_stage(
-        corpus, write_config, task_names, caplog):
-    """Below execution.stage_runs_mb the stages are plain calls: Prefect's ~8 ms a task run was a quarter of a 1% run."""
-    first = write_config(corpus)
-    small = ingest(config_path=str(first))
-    # A lone batch is a task run in the flow's own thread (a spy on Task.__call__ sees it); nothing else is one.
-    assert task_names == ["batch"], "crawl, detection, the stages, commit, publish and report: no task run of their own"
-    assert "documents: 5 new, 0 changed, 0 unchanged, 0 deleted" in caplog.text, "their log lines are still there"
-    assert {"crawl", "detect", "extract", "chunk", "embed", "validate", "upsert", "publish"} <= set(small["stage_seconds"])
-
-    task_names.clear()
-    every = write_config(corpus, name="every.yaml", store="every", execution={"stage_runs_mb": 0})
-    each = ingest(config_path=str(every))
-    assert {"extract", "chunk", "enrich", "embed", "validate", "upsert", "publish", "report"} <= set(task_names)
-    assert not {"crawl", "detect changes"} & set(task_names), "the flow itself lists and classifies"
-    counts = [k for k in small if k.startswith(("docs_", "chunks_", "texts_"))]
-    assert {k: small[k] for k in counts} == {k: each[k] for k in counts}
-    assert _tables(first) == _tables(every), "the same documents and chunks, vectors included"
-
-
-def test_work_done_beside_the_flows_thread_returns_its_result_and_raises_its_error():
-    from tasks.threads import beside
-
-    theirs, mine = beside(lambda: threading.current_thread().name, lambda: "here")
-    assert theirs.startswith("inlet-beside") and theirs != threading.current_thread().name and mine == "here"
-    with pytest.raises(ValueError, match="store unreadable"):
-        beside(lambda: (_ for _ in ()).throw(ValueError("store unreadable")), lambda: "here")

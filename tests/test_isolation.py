@@ -295,10 +295,10 @@ def test_commits_held_for_the_breaker_go_out_in_groups_of_commit_rows(monkeypatc
     """Holding half a big run must not turn it into one huge commit group: a crash would lose all of it."""
     groups: list[int] = []
     counts = dict.fromkeys(("chunks_added", "chunks_removed", "chunks_reused", "chunks_written", "docs_quarantined"), 0)
-    monkeypatch.setattr(tasks.load, "task_if", lambda _runs, _stage: (
-        lambda store, documents, extracted, embedded, **kw: groups.append(len(embedded)) or {**counts, "versions": {}}))
+    monkeypatch.setattr(tasks.load, "upsert_stage", lambda store, documents, extracted, embedded, **kw: (
+        groups.append(len(embedded)) or {**counts, "versions": {}}))
     writer = Writer("store", "documents.parquet", commit_rows=10, chunks_table="chunks", documents_table="documents",
-                    dim=4, settings_fp="fp", run_id="run", now=datetime.now(UTC), batches=8, stage_runs=False)
+                    dim=4, settings_fp="fp", run_id="run", now=datetime.now(UTC), batches=8)
     batch = lambda n: {"extracted": f"b/{n}/extracted", "embedded": f"b/{n}/embedded", "rows": 6}  # noqa: E731
     for n in range(3):
         writer.add(batch(n), hold=True)

@@ -86,9 +86,44 @@ async def _read_back(url: str, flow_run_id: UUID) -> tuple:
     return run, tasks, artifacts, deployments
 
 
+BATCH_STAGES = ("extract", "chunk", "refresh enrichment", "enrich", "embed", "validate")
+
+
+def _stage_counts(tasks: list) -> dict[str, int]:
+    """How many task runs of each stage a flow run has (batch runs apart); names are '<stage>-<suffix>'."""
+    counts: dict[str, int] = {}
+    for t in tasks:
+        if not t.name.startswith("batch-"):
+            name = t.name.rsplit("-", 1)[0]
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+async def _latest_flow_run(url: str) -> UUID:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: url}):
+        async with get_client() as client:
+            runs = await client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)
+    return runs[0].id
+
+
+def _read_settled(url: str, flow_run_id: UUID, expected: int) -> tuple:
+    """Read a finished flow run back once the server has recorded its task runs (they arrive as events)."""
+    deadline = time.monotonic() + 60
+    while True:
+        run, tasks, artifacts, deployments = asyncio.run(_read_back(url, flow_run_id))
+        settled = len(tasks) >= expected and all(t.state and t.state.is_final() for t in tasks)
+        if settled or time.monotonic() > deadline:
+            return run, tasks, artifacts, deployments
+        time.sleep(0.5)
+
+
 def test_a_deployment_from_prefect_yaml_runs_on_a_worker_and_reports_to_the_server(server, corpus, write_config):
     (corpus / "broken.pdf").write_bytes(b"%PDF-1.4 not really")  # quarantined: the run has a report to post
-    config = write_config(corpus)
+    config = write_config(corpus, execution={"batch_docs": 2})  # several batches
     _prefect(server, "work-pool", "create", "local-proc", "--type", "process")
     _prefect(server, "--no-prompt", "deploy", "--all")
     started = _prefect(server, "deployment", "run", "ingest/ingest", "--params",
@@ -96,17 +131,22 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_worker_and_reports_to_the_serv
     flow_run_id = UUID(next(line.split()[-1] for line in started.stdout.splitlines() if "UUID" in line))
     _prefect(server, "worker", "start", "--pool", "local-proc", "--run-once", timeout=600)
 
-    run, tasks, artifacts, deployments = asyncio.run(_read_back(server["PREFECT_API_URL"], flow_run_id))
+    # Three batches of two; the writer commits the first two and builds the full-text index while the last runs.
+    per_run = {"crawl": 1, "detect": 1, "upsert": 2, "index": 1, "publish": 1, "report": 1}
+    expected = {**per_run, **dict.fromkeys(BATCH_STAGES, 3)}
+    run, tasks, artifacts, deployments = _read_settled(server["PREFECT_API_URL"], flow_run_id,
+                                                       3 + sum(expected.values()))
     assert {d.name for d in deployments} == {"ingest", "maintenance", "eval"}
     ingest = next(d for d in deployments if d.name == "ingest")
     assert ingest.global_concurrency_limit.limit == 1, "one ingest run at a time"
     assert ingest.concurrency_options.collision_strategy == "ENQUEUE"
     assert [s.schedule.cron for s in ingest.schedules] == ["0 * * * *"]
     assert run.state.is_completed(), run.state
-    # A run this small (under execution.stage_runs_mb) runs its stages inside its batch's task run and the flow run.
-    names = {t.name.rsplit("-", 1)[0] for t in tasks}
-    assert names == {"batch"}, names
-    assert all(t.state.is_completed() for t in tasks)
+    # Every stage is a task run the UI shows: per batch its six, around them the run's own.
+    batches = sorted(t.name for t in tasks if t.name.startswith("batch-"))
+    assert batches == ["batch-0", "batch-1", "batch-2"], batches
+    assert _stage_counts(tasks) == expected
+    assert all(t.state.is_completed() for t in tasks), [(t.name, t.state.type) for t in tasks]
     summary = next(a for a in artifacts if a.key == "ingest-run-summary")
     metrics = {row["metric"]: row["value"] for row in json.loads(summary.data)} if isinstance(summary.data, str) \
         else {row["metric"]: row["value"] for row in summary.data}
@@ -119,3 +159,26 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_worker_and_reports_to_the_serv
     quarantine = next(a for a in artifacts if a.key == "ingest-run-quarantine")
     assert quarantine.type == "markdown" and quarantine.data.startswith("## Quarantined documents (1)")
     assert "broken.pdf" in quarantine.data and metrics["checks_run"] == 13
+
+
+def test_a_one_document_incremental_run_shows_every_stage_in_the_prefect_ui(server, corpus, write_config):
+    """The run most schedules make: one document changed. Its DAG is the whole DAG, each stage a task run."""
+    config = write_config(corpus)
+    inlet = [sys.executable, "-m", "inlet.cli", "ingest", "--quiet", "--config", str(config)]
+    for step in ("cold", "one document"):
+        if step == "one document":
+            faq = corpus / "harbour-faq.txt"
+            faq.write_text(faq.read_text() + "\nThe fuel dock opens at seven on weekdays.\n")
+        out = subprocess.run(inlet, env=server, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+        assert out.returncode == 0, out.stderr[-3000:]
+    flow_run_id = asyncio.run(_latest_flow_run(server["PREFECT_API_URL"]))
+    expected = {"crawl": 1, "detect": 1, **dict.fromkeys(BATCH_STAGES, 1), "upsert": 1, "publish": 1, "report": 1}
+    run, tasks, artifacts, _ = _read_settled(server["PREFECT_API_URL"], flow_run_id, 1 + sum(expected.values()))
+    assert run.state.is_completed(), run.state
+    assert [t.name for t in tasks if t.name.startswith("batch-")] == ["batch-0"]
+    assert _stage_counts(tasks) == expected
+    assert all(t.state.is_completed() for t in tasks), [(t.name, t.state.type) for t in tasks]
+    summary = next(a for a in artifacts if a.key == "ingest-run-summary")
+    rows = json.loads(summary.data) if isinstance(summary.data, str) else summary.data
+    metrics = {row["metric"]: row["value"] for row in rows}
+    assert metrics["docs_changed"] == 1 and metrics["docs_new"] == 0
