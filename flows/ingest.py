@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import mimetypes
 import time
 import uuid
 from datetime import UTC, datetime
@@ -18,13 +17,12 @@ from flows.runners import make_task_runner
 from providers.embedders import embedder_spec, resolve_embedding
 from providers.enrichers import resolve_enrichment
 from providers.keys import use_secret_block
-from schemas.arrow import DOCUMENTS_SCHEMA
+from schemas.arrow import DOCUMENTS_SCHEMA, WORK, Change
 from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig, load_config
 from schemas.errors import ConfigError
 from tasks import inflight, uncommitted
-from tasks.artifacts import artifacts_flushed, flush_artifacts, is_remote, join, read_artifact, use_storage_options
+from tasks.artifacts import is_remote, join, read_artifact, use_storage_options
 from tasks.batch import (
-    STAGES,
     IndexPlan,
     batch_bytes,
     batch_stage,
@@ -38,11 +36,11 @@ from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
 from tasks.failpoints import failpoint
 from tasks.isolate import Breaker
-from tasks.load import Writer, fulltext_stage, publish_stage, upsert_stage
-from tasks.memory import freeze_imports, release_memory, use_lean_allocators
+from tasks.load import Writer
+from tasks.memory import release_memory
 from tasks.progress import stage_progress
 from tasks.report import report_stage
-from tasks.stage import opaque_value, prepare
+from tasks.stage import opaque_value
 from tasks.store import (
     connect,
     is_remote_store,
@@ -50,15 +48,6 @@ from tasks.store import (
     use_store_options,
     writer_lock,
 )
-
-# Import-time work that the first run's body paid before: Prefect's task engine and the stages' tasks, the
-# system's MIME table that the crawl reads (6 ms), and Arrow's time-zone database, which Arrow's C++ loads on
-# its first time-zoned timestamp (~5 ms; every listing has an expires_at column). A process serving the flow
-# pays them once.
-prepare(crawl_stage, detect_stage, report_stage, upsert_stage, fulltext_stage, publish_stage, *STAGES)
-mimetypes.init()
-pa.array([None], pa.timestamp("us", tz="UTC"))
-freeze_imports()  # what the imports above made lives as long as the process: no full collection walks it again
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
@@ -110,8 +99,6 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     """
     begin = time.perf_counter()
     cfg = load_config(config_path)
-    if cfg.execution.lean_memory:
-        use_lean_allocators()
     use_secret_block(cfg.api_key_block)
     started = datetime.now(UTC)
     run_id = new_run_id(started)
@@ -131,7 +118,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
 
     # One writer at a time: a second run against this store is refused (or waits) before it reads anything.
     # A run that fails leaves no artifact write waiting for the next run's flush to report.
-    with writer_lock(cfg.store.uri, run_id, cfg.store.lock_wait_s), artifacts_flushed():
+    with writer_lock(cfg.store.uri, run_id, cfg.store.lock_wait_s):
         known_main = known_documents(connect(store), cfg.store.documents_table)
         # The main index's documents give web pages their validators (ETag) for conditional requests.
         web = any(src.kind == "web" for src in cfg.sources)
@@ -147,8 +134,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
             if plan.name is None:
                 refuse_unindexed_failures(config_path, cfg, failed_sources, known)
             # Documents a killed run was committing: done again even if their files went back to old bytes.
-            markers = {**inflight.left(inflight.legacy_folder(plan.cfg.store.artifacts, plan.cfg.store.chunks_table)),
-                       **inflight.left(_inflight_dir(plan.cfg))}
+            markers = inflight.left(_inflight_dir(plan.cfg))
             interrupted = frozenset(d for ids in markers.values() for d in ids)
             documents, detect_notices = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp,
                                                   plan.cfg, plan.run_dir, retry_quarantined, failed_sources,
@@ -163,8 +149,6 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         batches = clock.run("plan batches", plan_batches, per_index, cfg.execution.batch_docs, cfg.execution.batch_mb,
                             sharing)
         write_batch_documents(per_index, plans, batches)
-        if cfg.execution.task_runner != "thread":
-            flush_artifacts()  # worker processes read the batches' documents from disk
         sizes = batch_bytes(per_index[0], batches)
         del per_index  # the batches read their own share
         writers = [Writer(store, documents, commit_rows=cfg.execution.commit_rows,
@@ -198,7 +182,6 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         summary = summaries[0]
         if len(summaries) > 1:
             summary["variants"] = {plan.name: s for (plan, _), s in zip(variants[1:], summaries[1:])}
-        flush_artifacts()  # every artifact of the run on disk before it ends, inside the timed body
         # The flow body alone; Prefect's own run set-up and teardown come on top of this.
         return {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}
 
@@ -214,7 +197,7 @@ def _inflight_dir(cfg: InletConfig) -> str:
 
 def worked_ids(documents: pa.Table) -> set[str]:
     """The documents a run did again: new, changed or deleted ones."""
-    return set(documents.filter(pc.is_in(documents["change"], pa.array(["new", "changed", "deleted"])))
+    return set(documents.filter(pc.is_in(documents["change"], pa.array([*WORK, Change.DELETED])))
                ["doc_id"].to_pylist())
 
 

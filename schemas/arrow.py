@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import pyarrow as pa
 
 from schemas.errors import DataContractError
@@ -162,6 +164,18 @@ PUBLISHED_TAG = "published"
 ENRICHMENT_PENDING = "+enrichment-pending"
 # The detect reason of an unchanged document whose stored chunks are re-enriched without re-chunking.
 REFRESH_ENRICHMENT = "enrichment"
+
+
+class Change(StrEnum):
+    """What change detection says of a listed document (the documents artifact's `change` column)."""
+
+    NEW = "new"
+    CHANGED = "changed"
+    UNCHANGED = "unchanged"
+    DELETED = "deleted"
+
+
+WORK = (Change.NEW, Change.CHANGED)  # the changes that send a document through extraction again
 
 RUN_COUNTS = (
     "docs_new", "docs_changed", "docs_unchanged", "docs_deleted", "docs_quarantined", "docs_refreshed",

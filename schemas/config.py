@@ -427,9 +427,13 @@ class ExecutionConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _removed_keys(cls, data: object) -> object:
-        if isinstance(data, dict) and "stage_runs_mb" in data:
-            msg = "stage_runs_mb was removed: every stage is a Prefect task run in every run now; delete the key"
-            raise ValueError(msg)
+        removed = {"stage_runs_mb": "every stage is a Prefect task run in every run now",
+                   "lean_memory": "set MALLOC_ARENA_MAX=2 and ARROW_DEFAULT_MEMORY_POOL=system in the environment "
+                                  "instead (prefect.yaml's deployments do)"}
+        for key, why in removed.items():
+            if isinstance(data, dict) and key in data:
+                msg = f"{key} was removed: {why}; delete the key"
+                raise ValueError(msg)
         return data
 
     batch_docs: int = Field(500, ge=1, description="Documents per batch: extract, chunk, enrich and embed run one "
@@ -457,10 +461,6 @@ class ExecutionConfig(_Strict):
                                   "no_text, ...) never count.")
     systemic_min_docs: int = Field(20, ge=1, description="...and only when at least this many documents failed that "
                                    "way: in a small run a few bad files are just bad files.")
-    lean_memory: bool = Field(True, description="Cap glibc's malloc arenas at two and give Arrow the system "
-                              "allocator for the run's process, so freed memory goes back to the system: a lower "
-                              "peak at scale (measured no slower at 100k documents). Process-wide; false leaves the "
-                              "allocators as they are.")
 
     @model_validator(mode="after")
     def _address_needs_dask(self) -> ExecutionConfig:

@@ -15,10 +15,16 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from providers.embedders import embedder_spec
-from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, REFRESH_ENRICHMENT, embedded_chunks_schema
+from schemas.arrow import (
+    DOCUMENTS_SCHEMA,
+    EXTRACTED_SCHEMA,
+    REFRESH_ENRICHMENT,
+    WORK,
+    Change,
+    embedded_chunks_schema,
+)
 from schemas.config import ExtractionConfig, InletConfig
 from tasks.artifacts import (
-    artifacts_flushed,
     batch_dir,
     join,
     read_artifact,
@@ -38,10 +44,7 @@ from tasks.report import text_counts
 from tasks.store import use_store_options
 from tasks.variants import extraction_todo_stage, for_variant_stage
 
-_WORK = pa.array(["new", "changed"])
-# The stages a batch runs as nested task runs (the flow module makes their tasks at its import).
-STAGES = (extract_stage, extraction_todo_stage, for_variant_stage, chunk_stage, refresh_stage, enrich_stage,
-          embed_stage, validate_stage)
+_WORK = pa.array(WORK)
 # One batch at a time talks to the models in a process: a batch's usage is then exactly its own, and the
 # provider's quota and in-flight bound are shared, not multiplied by the batches running beside it.
 _MODELS = threading.Lock()
@@ -59,7 +62,7 @@ class IndexPlan:
 
 def needs_work(documents: pa.Table) -> pa.ChunkedArray:
     """Mask the documents a batch has work for: new or changed ones, and those whose enrichment alone is stale."""
-    refresh = pc.and_(pc.equal(documents["change"], "unchanged"), pc.equal(documents["reason"], REFRESH_ENRICHMENT))
+    refresh = pc.and_(pc.equal(documents["change"], Change.UNCHANGED), pc.equal(documents["reason"], REFRESH_ENRICHMENT))
     return pc.or_(pc.is_in(documents["change"], _WORK), pc.fill_null(refresh, False))
 
 
@@ -152,6 +155,7 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
     # Data-quality gates: quarantine what fails a `quarantine` check, stop before committing on a `fail` check.
     gated = timed(seconds, "validate", validate_stage, documents, elements, embedded["extracted"], embedded["path"],
                    cfg.quality, cfg.chunking.max_tokens, dim, here)
+    seconds["import gx"] = seconds.get("import gx", 0.0) + gated["setup_seconds"]  # start-up inside validate
     final = read_artifact(gated["embedded"], embedded_chunks_schema(dim))
     return {"extracted": gated["extracted"], "embedded": gated["embedded"], "rows": final.num_rows,
             "texts": text_counts(final), "usage": enriched["usage"] | embedded["usage"],
@@ -174,7 +178,7 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
     seconds: dict[str, float] = {}
     began = time.time()  # wall clock, comparable across worker processes: the run's batch span
     # On disk before the batch reports done: its writer (maybe in another process) reads them next.
-    with quiet_stages(), artifacts_flushed():
+    with quiet_stages():
         here = batch_dir(run_dir, number)
         documents = [join(batch_dir(p.run_dir, number), "documents.parquet") for p in plans]
         todo = documents[0] if len(plans) == 1 else extraction_todo_stage(documents, here)

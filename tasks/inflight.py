@@ -31,11 +31,6 @@ def folder(artifacts: str, store_uri: str, chunks_table: str) -> str:
     return join(artifacts, FOLDER, f"{chunks_table}-{key}")
 
 
-def legacy_folder(artifacts: str, chunks_table: str) -> str:
-    """Where runs before the store key left their markers: still read, so a marker left then is not lost."""
-    return join(artifacts, FOLDER, chunks_table)
-
-
 def mark(where: str, run_id: str, doc_ids: list[str]) -> str:
     """Leave a marker naming the documents a group is about to commit; return its path."""
     return write_bytes(where, f"{run_id}.{uuid.uuid4().hex[:8]}.json", json.dumps(sorted(doc_ids)).encode())

@@ -20,6 +20,7 @@ from schemas.arrow import (
     EXTRACTED_SCHEMA,
     PUBLISHED_TAG,
     QUARANTINE_SCHEMA,
+    Change,
     chunk_rows_schema,
     conform,
     embedded_chunks_schema,
@@ -118,7 +119,7 @@ def document_rows(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, 
     for doc in documents.to_pylist():
         prev = old.get(doc["doc_id"], {})
         ext = done.get(doc["doc_id"])
-        if ext is None and not (doc["change"] == "unchanged" and doc["reason"] == "touched"):
+        if ext is None and not (doc["change"] == Change.UNCHANGED and doc["reason"] == "touched"):
             continue
         row = {k: doc[k] for k in DOCUMENT_ROWS_SCHEMA.names if k in doc}
         row |= {"first_run_id": prev.get("first_run_id") or run_id, "last_run_id": run_id, "updated_at": now}
@@ -389,7 +390,7 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
     known = known_documents(db, documents_table) if known is None else known
     documents = with_own_metadata(documents, extracted)
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
-    deleted = _ids(documents, pc.equal(documents["change"], "deleted"))
+    deleted = _ids(documents, pc.equal(documents["change"], Change.DELETED))
     # Withdrawn documents lose their chunks as deleted ones do; their documents and quarantine rows stay.
     withdrawn = [r["doc_id"] for r in extracted.select(["doc_id", "status", "reason", "stage"]).to_pylist()
                  if withdraws(r)]
@@ -442,8 +443,8 @@ def _settled(documents: pa.Table, ids: list[str], last: bool) -> pa.Table:
     """The documents rows a commit group settles: its batches' documents, plus deleted and touched ones at the end."""
     mask = pc.is_in(documents["doc_id"], pa.array(ids, pa.string()))
     if last:
-        touched = pc.and_(pc.equal(documents["change"], "unchanged"), pc.equal(documents["reason"], "touched"))
-        mask = pc.or_(pc.or_(mask, pc.equal(documents["change"], "deleted")), pc.fill_null(touched, False))
+        touched = pc.and_(pc.equal(documents["change"], Change.UNCHANGED), pc.equal(documents["reason"], "touched"))
+        mask = pc.or_(pc.or_(mask, pc.equal(documents["change"], Change.DELETED)), pc.fill_null(touched, False))
     return documents.filter(mask)
 
 

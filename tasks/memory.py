@@ -5,12 +5,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import gc
 
 import pyarrow as pa
-
-_M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
-LEAN_ARENAS = 2
 
 
 @functools.cache
@@ -27,20 +23,6 @@ def _libc() -> ctypes.CDLL | None:
         return ctypes.CDLL(ctypes.util.find_library("c"))
     except OSError:
         return None
-
-
-def use_lean_allocators() -> bool:
-    """Cap glibc's malloc arenas at two and give Arrow the system allocator; return whether the cap took.
-
-    A run's threads (batches, LanceDB's runtime) each keep a malloc arena and Arrow's mimalloc keeps its
-    own segments: freed memory stays in them. On 30,000 documents this lowered the peak from 1,717 to
-    1,309 MB (bench/README.md). Process-wide, so set from the flow (execution.lean_memory), where Inlet
-    owns the process; arenas made before the call keep their pages.
-    """
-    libc = _libc()
-    arenas = libc is not None and hasattr(libc, "mallopt") and libc.mallopt(_M_ARENA_MAX, LEAN_ARENAS) == 1
-    pa.set_memory_pool(pa.system_memory_pool())
-    return arenas
 
 
 @functools.cache
@@ -61,15 +43,3 @@ def release_memory() -> None:
     if trim is not None:
         trim(0)
     pa.default_memory_pool().release_unused()
-
-
-def freeze_imports() -> None:
-    """Move every object alive now to the garbage collector's permanent generation; call right after imports.
-
-    Modules, classes and functions live as long as the process, yet each full collection walked them all:
-    with Prefect and GX loaded one took 0.1-0.2 s with every thread stopped, in whichever stage happened to
-    allocate then (a 1% run's validate went from 0.05 to 0.25 s when a change elsewhere moved one there;
-    bench/README.md). Frozen, they are not walked again. What the imports left as garbage (tens of objects)
-    stays with them.
-    """
-    gc.freeze()

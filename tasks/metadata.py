@@ -5,23 +5,19 @@ from __future__ import annotations
 import html as html_lib
 import io
 import json
-import lzma
-import mmap
-import os
 import re
-import shutil
 import threading
 import xml.etree.ElementTree as ET  # noqa: N817 - expat refuses entity expansion bombs (expat >= 2.4)
 import zipfile
-from array import array
 from html.parser import HTMLParser
-from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from schemas.config import ACCESS_LEVELS
 from schemas.errors import ExtractionError, one_line
 from tasks.access import declared_access, effective_access, field_name, stricter
+
+if TYPE_CHECKING:
+    from py3langid.langid import LanguageIdentifier
 
 _FREE_FIELDS = ("description", "author", "date")  # front matter scalars kept as free (filterable) fields
 
@@ -137,158 +133,24 @@ def docx_metadata(data: bytes) -> dict:
     return meta
 
 
-def model_cache_dir() -> Path:
-    """Where Inlet keeps models it derives on first use: $INLET_MODEL_DIR, else ~/.cache/inlet/models."""
-    return Path(os.environ.get("INLET_MODEL_DIR") or Path.home() / ".cache" / "inlet" / "models")
-
-
-def _uint_array(values: np.ndarray) -> array:
-    """A NumPy unsigned array as the stdlib array py3langid's tokenizer indexes (faster per item than NumPy)."""
-    out = array({2: "H", 4: "I", 8: "L"}[values.dtype.itemsize])
-    out.frombytes(np.ascontiguousarray(values).tobytes())
-    return out
-
-
-def _automaton_depth(nextmove: np.ndarray, rowbase: np.ndarray) -> int:
-    """Longest path from the start state to any state of py3langid's byte automaton (its longest n-gram prefix).
-
-    The automaton is Aho-Corasick's: a state stands for the longest suffix of the input read so far that
-    begins a feature, so it depends only on the last `depth` bytes. A breadth-first walk finds the depth.
-    """
-    seen = np.zeros(len(rowbase), dtype=bool)
-    seen[0] = True
-    frontier, depth, byte = np.array([0]), 0, np.arange(256)
-    while True:
-        reached = np.zeros(len(rowbase), dtype=bool)
-        reached[nextmove[(rowbase[frontier][:, None] + byte).ravel()]] = True
-        frontier = np.flatnonzero(reached & ~seen)
-        if not len(frontier):
-            return depth
-        seen[frontier] = True
-        depth += 1
-
-
-def _unpacked_model() -> Path:
-    """py3langid's model as a folder of plain .npy files beside Inlet's other models, unpacked once per machine.
-
-    Unpacking its LZMA file (and finding the automaton's depth) takes ~1 s, paid once per machine. The arrays
-    are then memory-mapped, not read: reading the 68 MB into memory took ~180 ms of every process's first
-    run (bench/README.md), and a classification touches only the pages of the states and features it meets.
-    """
-    from py3langid import __version__
-    from py3langid.langid import MODEL_DIR, MODEL_FILE
-
-    # "-v3": one .npy per array, with the automaton's depth; older unpacked files (.npz) are left alone.
-    path = model_cache_dir() / f"py3langid-{__version__}-{Path(MODEL_FILE).name.split('.')[0]}-v3"
-    if path.is_dir():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    raw = path.with_name(f"{path.name}.{os.getpid()}.raw.npz")
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    try:
-        with lzma.open(MODEL_DIR / MODEL_FILE) as src, raw.open("wb") as dst:
-            shutil.copyfileobj(src, dst, length=1 << 20)
-        with np.load(raw, allow_pickle=False) as unpacked:
-            arrays = {name: unpacked[name] for name in unpacked.files}
-    finally:
-        raw.unlink(missing_ok=True)  # ~40 MB: never left behind, whatever failed
-    rowbase = arrays["nextmove_row"].astype(np.int64) << 8
-    arrays["depth"] = np.array(_automaton_depth(arrays["nextmove"], rowbase))
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
-    for name, values in arrays.items():
-        np.save(partial / f"{name}.npy", values, allow_pickle=False)
-    try:
-        partial.rename(path)  # atomic: a concurrent process sees no folder or the whole one
-    except OSError:
-        if not path.is_dir():
-            raise
-        shutil.rmtree(partial, ignore_errors=True)  # another process unpacked it first
-    return path
-
-
-_MODEL_ARRAYS = ("ptc", "pc", "classes", "nextmove", "nextmove_row", "out_feat", "depth")
-
-
-def _model_arrays(folder: Path) -> dict[str, np.ndarray]:
-    """The unpacked model's arrays, memory-mapped read-only; a folder missing one is named, to be removed."""
-    missing = [name for name in _MODEL_ARRAYS if not (folder / f"{name}.npy").is_file()]
-    if missing:
-        msg = f"{folder}: the unpacked language model lacks {', '.join(missing)}; remove the folder to unpack it again"
-        raise RuntimeError(msg)
-    return {name: np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in _MODEL_ARRAYS}
-
-
 _LOADING = threading.Lock()
-_MODEL: object | None = None
+_MODEL: LanguageIdentifier | None = None
 
 
-def language_identifier() -> object:
-    """py3langid's model (97 languages, ~0.5 ms per document), loaded once per process, threads or not."""
+def language_identifier() -> LanguageIdentifier:
+    """py3langid's shipped model with normalised probabilities, loaded once per process, threads or not.
+
+    Loaded the way py3langid's README shows (LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)):
+    it decompresses the LZMA model file, ~0.45 s and ~74 MB resident, once per process (the forkserver's
+    preload pays it once for all the workers forked from it).
+    """
     global _MODEL
     with _LOADING:
         if _MODEL is None:
-            _MODEL = _load_language_model()
+            from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+            _MODEL = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
         return _MODEL
-
-
-def page_in_language_model() -> None:
-    """Map every page of the language model's two large arrays now, one read a page (~4-9 ms).
-
-    They are memory-mapped: a process's first classifications fault their pages in as they meet them (a
-    1% run's 16 documents: ~700 faults, ~2-3 ms of its extraction). The flow does this while GX imports.
-    """
-    model = language_identifier()
-    for array in (model.tk_nextmove, model.nb_ptc):  # type: ignore[attr-defined]
-        flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        int(flat[:: mmap.PAGESIZE].sum())
-
-
-def _load_language_model() -> object:
-    from py3langid.langid import LanguageIdentifier
-
-    class Identifier(LanguageIdentifier):
-        """py3langid's identifier with its byte automaton run in NumPy: the same scores, half the time.
-
-        py3langid steps through a text's bytes in Python. A state depends only on the last `depth` bytes,
-        so every position's state is reached by `depth` array steps from the start state instead; the
-        features then count in the order they first occur, as py3langid's Counter does, so the sums (and
-        the floating-point results) are exactly its own.
-        """
-
-        __slots__ = ("_depth", "_np_half", "_np_output", "_np_ptc_bits", "_np_rowbase")
-
-        def __init__(self, *args: object, depth: int, **kwargs: object) -> None:
-            super().__init__(*args, **kwargs)
-            self._depth = depth
-            self._np_rowbase = np.asarray(self.tk_row, dtype=np.int32) << 8
-            self._np_output = np.asarray(self.tk_output, dtype=np.int32)
-            # The float16 table's rows go to float32 through a 65,536-entry table (256 KB): NumPy's own float16 cast
-            # was half of a document's scoring. The values are exact either way, so the scores are unchanged.
-            self._np_ptc_bits = np.ascontiguousarray(self.nb_ptc, dtype=np.float16).view(np.uint16)
-            self._np_half = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-
-        def _raw_score(self, text: bytes) -> np.ndarray:
-            raw = np.frombuffer(text, dtype=np.uint8)
-            n, nextmove, rowbase = len(raw), self.tk_nextmove, self._np_rowbase  # nextmove: a NumPy array here
-            state = np.zeros(n, dtype=np.int32)
-            # np.take rather than fancy indexing: the same gathers, several times faster on 1-D arrays.
-            for back in range(min(self._depth, n) - 1, 0, -1):  # position i reads byte i - back, from the start state
-                state[back:] = np.take(nextmove, np.take(rowbase, state[back:]) + raw[: n - back])
-            features = np.take(self._np_output, np.take(nextmove, np.take(rowbase, state) + raw))
-            features = features[features >= 0]
-            if not len(features):
-                return super()._raw_score(text)  # py3langid's own answer for featureless text
-            ids, first, counts = np.unique(features, return_index=True, return_counts=True)
-            order = np.argsort(first, kind="stable")
-            rows = np.take(self._np_half, np.take(self._np_ptc_bits, ids[order], axis=0))
-            return np.log1p(counts[order].astype(np.float32)) @ rows + self.nb_pc
-
-    data = _model_arrays(_unpacked_model())
-    # nextmove as a NumPy array: py3langid's own walk indexes it too, for featureless text only.
-    return Identifier(data["ptc"], np.array(data["pc"]), data["classes"].tolist(), data["nextmove"],
-                      data["out_feat"].tolist(), norm_probs=True, tk_row=_uint_array(data["nextmove_row"]),
-                      depth=int(data["depth"]))
 
 
 _FENCED = re.compile(r"```.*?```", re.DOTALL)

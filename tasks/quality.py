@@ -9,12 +9,9 @@ happens: `quarantine` (the documents of the failing rows are quarantined with th
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
+import time
 import threading
-import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -25,18 +22,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
 
-from providers.deferred import defer, hidden
 from schemas.arrow import (
     DOCUMENTS_SCHEMA,
     ELEMENTS_SCHEMA,
     EXTRACTED_SCHEMA,
+    WORK,
     embedded_chunks_schema,
 )
 from schemas.config import ACCESS_LEVELS, QualityConfig
 from schemas.errors import INVALID, DataQualityError, DocumentFailure
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.isolate import fails_the_run, failing_items, quarantined_by, without_documents
-from tasks.memory import freeze_imports
 from tasks.stage import stage
 
 Severity = Literal["quarantine", "fail", "warn"]
@@ -142,137 +138,42 @@ def scalar_view(table: pa.Table) -> pa.Table:
 _GX = threading.Lock()  # batches in threads share one context; a validation takes a few ms
 
 
-# GX imports these at its own import for one expectation (KL divergence) and its charts, which Inlet's
-# suites never use: ~0.7 of its ~1.9 s of imports. They load if anything uses them.
-_UNUSED_BY_OUR_SUITES = ("scipy.stats", "altair")
-# GX's SQL and S3 integrations, which it imports whenever these are installed and does without otherwise (they
-# are its optional extras). They are here for Prefect's server and for s3fs; Inlet's suites judge pandas frames.
-# Hidden from GX's import: ~0.45 s and ~25 MB less for every run that validates (bench/README.md).
-_OPTIONAL_FOR_GX = ("sqlalchemy", "boto3", "botocore", "s3transfer")
-
-
-@cache
-def _gx() -> types.ModuleType:
-    """great_expectations, imported on first use: a run with no batch to validate (a no-op) never pays ~1.2 s."""
-    for name in _UNUSED_BY_OUR_SUITES:
-        defer(name)
-    with hidden(*_OPTIONAL_FOR_GX):
-        import great_expectations
-
-    # GX makes a (disabled) tqdm bar per validation, and tqdm starts a monitor thread for each first bar and
-    # stops it when the bar closes: a thread start per validation (~1-4 ms) for bars nobody sees.
-    import tqdm
-
-    tqdm.tqdm.monitor_interval = 0
-    _ids_without_conversion()
-    freeze_imports()  # GX's ~200k objects: outside the collector's walks from now on
-    return great_expectations
-
-
-_PLAIN = (str, int, bool, type(None))
-
-
-def _plain(value: Any) -> bool:
-    """Tell whether json.dumps writes value as GX's converter would: str, int, bool, None, finite float, lists, dicts."""
-    kind = type(value)
-    if kind in _PLAIN:
-        return True
-    if kind is float:
-        return not math.isnan(value)  # GX writes NaN as null
-    if kind in (list, tuple):
-        return all(_plain(item) for item in value)
-    if kind is dict:
-        return all(type(key) is str and _plain(item) for key, item in value.items())
-    return False
-
-
-def _ids_without_conversion() -> None:
-    """Give GX's IDDict.to_id a path that skips its JSON converter when every value is plain: the same ids.
-
-    A validation names each of its metrics by these ids (~45 per expectation, ~7 ms of a 1% run's ~33 ms
-    of validation): GX runs every value through its converter, whose type checks cost more than the
-    hashing. Values of other kinds (NumPy, enums, sets, models) still go through the converter.
-    """
-    from great_expectations.core.id_dict import IDDict
-
-    if getattr(IDDict.to_id, "inlet_plain", False):
-        return
-    original = IDDict.to_id
-
-    def to_id(self: IDDict, id_keys: Any = None, id_ignore_keys: Any = None) -> Any:
-        keys = set(self.keys() if id_keys is None else id_keys)
-        keys -= set(self._id_ignore_keys if id_ignore_keys is None else id_ignore_keys)
-        if len(keys) < 2 or not all(type(k) is str and _plain(self[k]) for k in keys):
-            return original(self, id_keys, id_ignore_keys)
-        text = json.dumps({k: self[k] for k in keys}, sort_keys=True)
-        return hashlib.md5(text.encode("utf-8"), usedforsecurity=False).hexdigest()
-
-    to_id.inlet_plain = True  # type: ignore[attr-defined]
-    to_id.inlet_original = original  # type: ignore[attr-defined]
-    IDDict.to_id = to_id
-
-
 @cache
 def _context() -> Any:
-    """The process's ephemeral GX context."""
-    gx = _gx()
-    from great_expectations.data_context.types.base import ProgressBarsConfig
+    """The process's ephemeral GX context, without progress bars or a data docs site (Inlet builds no docs).
 
-    # Its INFO lines (temporary docs folders and the like) would reach cron mail; GX sets levels on its own
-    # loggers when imported, so these are set after the import.
+    great_expectations is imported here, on first use: a run with no batch to validate (a no-op) never pays
+    its import (~1.7 s with this context).
+    """
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    # Its INFO lines would reach cron mail; GX sets levels on its own loggers when imported, so these are set
+    # after the import.
     for name in [n for n in logging.root.manager.loggerDict if n.startswith("great_expectations")]:
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
-    return context
+    config = DataContextConfig(store_backend_defaults=InMemoryStoreBackendDefaults(),
+                               progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False))
+    return gx.get_context(mode="ephemeral", project_config=config)
 
 
 @cache
-def _whole_frame(artifact: str) -> Any:
-    """One data source and one dataframe asset per artifact for the process: each run hands them new frames.
+def _whole_frame(frame: str) -> Any:
+    """One data source and one dataframe asset per view for the process: each validation hands them new frames.
 
     Adding and deleting a data source per validation made the context save its config each time (~60 ms).
     """
-    return _source().add_dataframe_asset(artifact).add_batch_definition_whole_dataframe("whole")
+    return _source().add_dataframe_asset(frame).add_batch_definition_whole_dataframe("whole")
 
 
 @cache
 def _source() -> Any:
     return _context().data_sources.add_or_update_pandas("inlet")
-
-
-def warm() -> None:
-    """Make the context, data source, assets and expectation classes now, and validate a sample of each view.
-
-    They are set-up, not work (~0.2 s; each expectation class ~14 ms, pydantic copying its fields). The
-    sample is a row of each view, judged by the default suites: a process's first validations took ~11 ms
-    longer than later ones (pandas, tqdm and GX setting themselves up on first use), the same for 3 rows
-    or 3,000.
-    """
-    with _GX:
-        for frame in FRAMES:
-            _whole_frame(frame)
-        for checks in suites(1, 1).values():
-            for check in checks:
-                _expectation(check.expectation)
-    default = suites(8, _SAMPLE_DIM)
-    for frame, table in _samples().items():
-        validate_together(table, {a: default[a] for a in FRAMES[frame]})
-
-
-_SAMPLE_DIM = 2
-
-
-def _samples() -> dict[str, pa.Table]:
-    """A valid row of each view, with the columns and types of the artifacts it is taken from."""
-    row = {"doc_id": "sample", "access_level": ACCESS_LEVELS[0], "text": "a sample text", "page": 1,
-           "chunk_id": "sample-0", "token_count": 3, "vector": [1.0] * _SAMPLE_DIM}
-    schemas = {"documents": DOCUMENTS_SCHEMA, "elements": ELEMENTS_SCHEMA,
-               "chunks+embedded_chunks": embedded_chunks_schema(_SAMPLE_DIM)}
-    return {frame: pa.Table.from_pylist([{c: row[c] for c in columns}],
-                                        schema=pa.schema([schemas[frame].field(c) for c in columns]))
-            for frame, columns in VIEW_COLUMNS.items()}
 
 
 def validate(artifact: str, table: pa.Table, suite: list[Check]) -> list[Outcome]:
@@ -290,22 +191,21 @@ def validate_together(table: pa.Table, suite_of: dict[str, list[Check]]) -> list
     if table.num_rows == 0 or not tagged:
         return [Outcome(a, c.name, c.severity, True) for a, c in tagged]
     view = scalar_view(table)
-    # Only the columns the checks judge: GX hashes every column of the frame, twice a validation, and failing
-    # rows are named by their index, which picks their doc_id from the Arrow table below.
+    # Only the columns the checks judge: GX hashes every column of the frame, and failing rows are named by
+    # their index, which picks their doc_id from the Arrow table below.
     judged = [c.kwargs.get("column") for _, c in tagged]
     if None not in judged:
         view = view.select([name for name in view.column_names if name in judged])
     frame = view.to_pandas()
     name = "+".join(suite_of)
     with _GX:
+        batch = _whole_frame(name).get_batch(batch_parameters={"dataframe": frame})
         # Pass or fail first (~3x cheaper than listing rows: GX skips the unexpected-value metrics); only the
         # checks that failed run again for their failing rows, so a clean batch never pays for the lists.
         passed = {r.expectation_config.meta["check"]: bool(r.success)
-                  for r in _validator(name, frame, "BOOLEAN_ONLY").validate_expectation_suite(_suite(name, tagged))
-                  .results}
+                  for r in batch.validate(_suite(name, tagged), result_format="BOOLEAN_ONLY").results}
         failed = [(a, c) for a, c in tagged if not passed[f"{a}.{c.name}"]]
-        detail = (_validator(name, frame, "COMPLETE").validate_expectation_suite(_suite(name, failed)).results
-                  if failed else [])
+        detail = batch.validate(_suite(name, failed), result_format="COMPLETE").results if failed else []
     docs = table["doc_id"].to_pylist() if failed and "doc_id" in table.column_names else None
     rows_of = {r.expectation_config.meta["check"]: tuple(sorted(r.result.get("unexpected_index_list") or ()))
                for r in detail}
@@ -318,51 +218,12 @@ def validate_together(table: pa.Table, suite_of: dict[str, list[Check]]) -> list
     return outcomes
 
 
-def _validator(frame_name: str, frame: Any, result_format: str) -> Any:
-    """GX's validator of a dataframe over the frame's batch definition, reporting in result_format.
-
-    What Batch.validate builds, without the batch fetched first: GX hashes and copies the frame on each
-    fetch, and a validation through a fetched batch fetched it twice.
-    """
-    definition = _whole_frame(frame_name)  # imports GX first, as _gx() does it (some modules deferred)
-    from great_expectations.validator.v1_validator import Validator
-
-    return Validator(definition, batch_parameters={"dataframe": frame}, result_format={"result_format": result_format})
-
-
 def _suite(name: str, tagged: list[tuple[str, Check]]) -> Any:
-    """A GX suite of the checks, each expectation tagged with its artifact and check name."""
-    return _gx().ExpectationSuite(name=name, expectations=[
-        _expectation(c.expectation)(**c.kwargs, meta={"check": f"{a}.{c.name}"}) for a, c in tagged])
+    """A GX suite of the checks: GX's own expectation classes, each tagged in its meta with artifact and check."""
+    import great_expectations as gx
 
-
-@cache
-def _expectation(name: str) -> type:
-    """GX's expectation class `name`, subclassed so that an instance builds its configuration once.
-
-    GX 1.24 rebuilds an expectation's configuration (a pydantic dump and a regex over the class name) each
-    time it reads one of its kwargs: ~80 builds an expectation a validation, ~40% of a validation's time
-    (bench/README.md, 2026-11-24 evening). The build is kept until a field of the expectation is set.
-    """
-    base = getattr(_gx().expectations, name)
-    from great_expectations.compatibility.pydantic import PrivateAttr
-
-    def configuration(self: Any) -> Any:
-        if self._built is None:
-            built = base.configuration.fget(self)
-            built.to_domain_obj = lambda: self
-            self._built = built
-        return self._built
-
-    def __setattr__(self: Any, field: str, value: Any) -> None:
-        base.__setattr__(self, field, value)
-        if field != "_built":
-            base.__setattr__(self, "_built", None)
-
-    # GX registers the subclass under its own snake-case name and rebuilds it from its configurations.
-    return type(f"Inlet{name}", (base,), {
-        "__module__": __name__, "__doc__": base.__doc__, "__annotations__": {"_built": Any},
-        "_built": PrivateAttr(default=None), "configuration": property(configuration), "__setattr__": __setattr__})
+    return gx.ExpectationSuite(name=name, expectations=[
+        getattr(gx.expectations, c.expectation)(**c.kwargs, meta={"check": f"{a}.{c.name}"}) for a, c in tagged])
 
 
 def gate(outcomes: list[Outcome]) -> dict[str, str]:
@@ -425,9 +286,14 @@ def validate_stage(documents_path: str, elements_path: str, extracted_path: str,
                    cfg: QualityConfig, max_tokens: int, dim: int, run_dir: str) -> dict:
     """Validate this run's artifacts before the upsert; quarantine or stop as the checks' severities say."""
     if not cfg.enabled:
-        return {"extracted": extracted_path, "embedded": embedded_path, "validation": []}
+        get_run_logger().info("validation is off (quality.enabled: false): nothing checked")
+        return {"extracted": extracted_path, "embedded": embedded_path, "validation": [], "setup_seconds": 0.0}
+    # GX's import and context: paid by a process's first validation, reported apart as start-up, not work.
+    start = time.perf_counter()
+    _context()
+    setup_seconds = time.perf_counter() - start
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
-    documents = documents.filter(pc.is_in(documents["change"], pa.array(["new", "changed"])))
+    documents = documents.filter(pc.is_in(documents["change"], pa.array(WORK)))
     elements = read_artifact(elements_path, ELEMENTS_SCHEMA)
     extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
     schema = embedded_chunks_schema(dim)
@@ -452,8 +318,9 @@ def validate_stage(documents_path: str, elements_path: str, extracted_path: str,
             logger.warning("check %s.%s (%s): %d of %d rows failed", row["artifact"], row["check"],
                            row["severity"], row["failed"], row["rows"])
     if not reasons and not failures:  # nothing held back: the artifacts stand as they are
-        return {"extracted": extracted_path, "embedded": embedded_path, "validation": summary}
+        return {"extracted": extracted_path, "embedded": embedded_path, "validation": summary,
+                "setup_seconds": setup_seconds}
     extracted, embedded = quarantine_invalid(extracted, embedded, reasons)
     return {"extracted": write_artifact(extracted, run_dir, "extracted-validated", EXTRACTED_SCHEMA),
             "embedded": write_artifact(embedded, run_dir, "embedded_chunks-validated", schema),
-            "validation": summary}
+            "validation": summary, "setup_seconds": setup_seconds}

@@ -11,6 +11,7 @@ from schemas.arrow import (
     DOCUMENTS_SCHEMA,
     EXTRACTED_SCHEMA,
     REFRESH_ENRICHMENT,
+    Change,
 )
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.stage import stage
@@ -23,7 +24,7 @@ _STORED = pa.schema([*CHUNKS_SCHEMA, pa.field("title", pa.string()),
 
 def refresh_ids(documents: pa.Table) -> list[str]:
     """Return the documents whose bytes and chunks are current but whose enrichment is not."""
-    mask = pc.and_(pc.equal(documents["change"], "unchanged"), pc.equal(documents["reason"], REFRESH_ENRICHMENT))
+    mask = pc.and_(pc.equal(documents["change"], Change.UNCHANGED), pc.equal(documents["reason"], REFRESH_ENRICHMENT))
     return documents.filter(pc.fill_null(mask, False))["doc_id"].to_pylist()
 
 
@@ -50,6 +51,7 @@ def refresh_stage(documents_path: str, chunks_path: str, extracted_path: str, st
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
     ids = refresh_ids(documents)
     if not ids:
+        get_run_logger().info("no document's enrichment alone is stale: nothing to refresh")
         return chunks_path, extracted_path
     stored = select_where_in(open_table(connect(store_uri), chunks_table), "doc_id", ids, _STORED.names, _STORED)
     chunks, extracted = stored_work(stored, documents)

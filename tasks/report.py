@@ -17,6 +17,7 @@ from schemas.arrow import (
     RUN_COUNTS,
     RUN_USAGE,
     RUNS_SCHEMA,
+    Change,
 )
 from tasks.access import raised_and_lowered
 from tasks.artifacts import read_artifact, write_artifact
@@ -68,7 +69,7 @@ def declared_levels(documents: pa.Table, extracted: pa.Table) -> tuple[list[str]
 def summarize_run(documents: pa.Table, extracted: pa.Table, texts: dict[str, int], load: dict,
                   usage: dict | None = None) -> dict:
     """Count what the run did, stage by stage, and what its model calls cost."""
-    changes = {c: 0 for c in ("new", "changed", "unchanged", "deleted")}
+    changes = dict.fromkeys(Change, 0)
     for change in documents["change"].to_pylist():
         changes[change] += 1
     failed = extracted.filter(pc.equal(extracted["status"], "quarantined")).to_pylist()
@@ -146,16 +147,6 @@ def quarantine_markdown(quarantined: list[dict], notices: list[str], validation:
     if notices:
         lines += ["", "## Notices", "", *(f"- {_cell(n)}" for n in notices)]
     return "\n".join(lines)
-
-
-def warm() -> None:
-    """Build the models of Prefect's artifact API now: pydantic builds them on first use, ~3.5 ms of a run's report."""
-    from prefect.artifacts import TableArtifact
-    from prefect.client.schemas.actions import ArtifactCreate
-    from prefect.client.schemas.objects import Artifact
-
-    for model in (TableArtifact, ArtifactCreate, Artifact):
-        model.model_rebuild()
 
 
 @stage("report")

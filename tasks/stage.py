@@ -59,18 +59,6 @@ def opaque_value(value: Any) -> Any:
     return opaque(value)
 
 
-def prepare(*stages: Stage) -> None:
-    """Make the stages' Prefect tasks now, and import Prefect's task engine: the flow module's import-time work.
-
-    Left to the first call, a run paid them inside its flow body (~0.05 s: the engine's import and Prefect
-    reading each function's source), which a long-lived process would pay once; they are imports, not work.
-    """
-    import prefect.task_engine  # noqa: F401 - imported by the first task call otherwise
-
-    for s in stages:
-        s.task()
-
-
 def _stage_named(module: str, name: str) -> Stage:
     return getattr(importlib.import_module(module), name)
 

@@ -33,7 +33,6 @@ import pyarrow.compute as pc
 
 from tasks.artifacts import (
     batch_dir,
-    flush_artifacts,
     join,
     list_names,
     read_artifact,
@@ -79,7 +78,6 @@ def remember(kind: str, keys: list[str], path: str) -> None:
     folder, name = path.rsplit("/", 1)
     batch = split_batch_dir(folder)
     if batch is not None and name == ARTIFACTS[kind]:
-        flush_artifacts()  # the artifact on disk first (written in the background): a reader finds it whole
         _mark(*batch, kind)
 
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA
+from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA, WORK
 from tasks.artifacts import read_artifact, write_artifact
 from tasks.stage import stage
 
-_WORK = ("new", "changed")
-
 
 def _needs_work(documents: pa.Table) -> pa.ChunkedArray:
-    return pc.is_in(documents["change"], pa.array(_WORK))
+    return pc.is_in(documents["change"], pa.array(WORK))
 
 
 def extraction_todo(per_variant: list[pa.Table]) -> pa.Table:

@@ -240,10 +240,9 @@ def test_a_file_put_back_after_a_run_was_killed_mid_commit_gets_its_old_chunks_b
     assert inflight.left(inflight.folder(cfg.store.artifacts, cfg.store.uri, cfg.store.chunks_table)) == {}, "marker settled"
 
 
-def test_a_marker_counts_for_its_own_store_only_and_one_in_the_old_folder_is_still_read(pages, write_config, tmp_path):
+def test_a_marker_counts_for_its_own_store_only(pages, write_config, tmp_path):
     # Two stores share one artifact root. A marker one of them left names rigging.md: the other store's run does
-    # not take it (nor settle it); its own store's run does the page again and settles it. A marker in the folder
-    # runs used before the store key (per chunks table only) is read and settled too.
+    # not take it (nor settle it); its own store's run does the page again and settles it.
     from tasks import inflight
 
     staging = _config(write_config, pages, "staging")
@@ -260,7 +259,3 @@ def test_a_marker_counts_for_its_own_store_only_and_one_in_the_old_folder_is_sti
     assert Path(marker).exists(), "nor does that store settle it"
     assert ingest(config_path=str(staging))["docs_changed"] == 1
     assert not Path(marker).exists(), "settled by its own store's run"
-    legacy = inflight.mark(inflight.legacy_folder(mine.store.artifacts, mine.store.chunks_table), "run-y",
-                           ["pages:hull.md"])
-    assert ingest(config_path=str(staging))["docs_changed"] == 1
-    assert not Path(legacy).exists()

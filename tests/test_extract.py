@@ -6,29 +6,23 @@ import shutil
 
 import pytest
 
+import tasks.extract
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
 from tasks.clean import clean_html
 from tasks.extract import (
+    SpacyModelMissingError,
     close_pools,
     decode_text,
     extract_document,
+    extract_isolated,
+    require_spacy_model,
     shared_pool,
     split_front_matter,
-)
-from tasks.spacy_fallback import (
-    NOTICE,
-    install_fallback_if_needed,
-    real_model_installed,
 )
 from tests.conftest import SAMPLE
 
 CFG = ExtractionConfig()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _spacy() -> None:
-    install_fallback_if_needed()
 
 
 def _kinds(doc: str) -> list[tuple[str, int | None, str]]:
@@ -203,9 +197,27 @@ def test_front_matter_split():
     assert split_front_matter("---\n: [bad\n---\nx")[0] == {}
 
 
-def test_fallback_is_announced_only_without_the_real_model():
-    expected = None if real_model_installed() else NOTICE
-    assert install_fallback_if_needed() == expected
+def test_without_the_spacy_model_every_document_fails_alike_saying_how_to_fix_it(monkeypatch):
+    # A worker started without en_core_web_sm keeps that as its broken state: each document gets the same
+    # error, so the run's systemic-failure breaker names it. Markdown needs no model and is still read.
+    import spacy.util
+
+    html = str(SAMPLE / "policies/safety-policy.html")
+    monkeypatch.setattr(spacy.util, "is_package", lambda name: name != "en_core_web_sm")
+    monkeypatch.setattr(tasks.extract, "_WORKER_BROKEN", None)
+    require_spacy_model.cache_clear()
+    try:
+        with pytest.raises(SpacyModelMissingError, match="make setup"):
+            extract_document("d", html, CFG)
+        assert extract_document("m", str(SAMPLE / "guides/boat-maintenance.md"), CFG).elements
+        tasks.extract._import_partitioners()  # what a new extraction worker runs first
+        failed = extract_isolated("d", html, CFG)
+        assert (failed.reason, failed.error_type) == ("error", "SpacyModelMissingError")
+        assert "en_core_web_sm is not installed" in failed.message and "`make setup`" in failed.message
+    finally:
+        require_spacy_model.cache_clear()
+        monkeypatch.undo()
+    assert extract_isolated("d", html, CFG).elements, "found again once installed"
 
 
 @pytest.mark.parametrize(("name", "content"), [
@@ -231,13 +243,15 @@ def test_extraction_workers_outlive_a_run_and_are_replaced_for_another_config():
         other = shared_pool(ExtractionConfig(timeout_s=60))
         assert other is not pool and not pool._pool.active, "a pool for another config stops the old one"
         assert other.result(other.submit("r", report)).elements == first.elements
-        assert not other._pool.schedule(_torch_imported).result(), "the workers partition without torch"
+        assert other._pool.schedule(_worker_tags).result() == [
+            ("The", "DT"), ("club", "NN"), ("provides", "VBZ"), ("life", "NN"), ("jackets", "NNS"), (".", ".")], \
+            "the workers tag with spaCy's en_core_web_sm"
     finally:
         close_pools()
 
 
-def _torch_imported() -> bool:
-    """Run in an extraction worker: tell whether torch was imported there."""
-    import sys
+def _worker_tags() -> list[tuple[str, str]]:
+    """Run in an extraction worker: unstructured's part-of-speech tags for a short line."""
+    from unstructured.nlp.tokenize import pos_tag
 
-    return sys.modules.get("torch") is not None
+    return pos_tag("The club provides life jackets.")

@@ -98,45 +98,29 @@ def test_page_language_from_html_lang_and_from_detection(shared_corpora):
     assert total >= 70 and stated >= 0.97 * total and detected >= 0.9 * total, (total, stated, detected)
 
 
-def test_the_unpacked_language_model_scores_exactly_as_py3langids_own_loader(tmp_path, monkeypatch):
-    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+def test_the_language_model_is_loaded_once_for_all_threads():
+    from concurrent.futures import ThreadPoolExecutor
 
     from tasks import metadata
 
-    monkeypatch.setenv("INLET_MODEL_DIR", str(tmp_path))
-    monkeypatch.setattr(metadata, "_MODEL", None)  # loaded afresh here, put back afterwards
-    ours = metadata.language_identifier()
-    assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 1, "unpacked once into the model folder"
-    assert not [p for p in tmp_path.iterdir() if ".partial" in p.name or ".raw" in p.name], "nothing half-written left"
-    folder = next(p for p in tmp_path.iterdir() if p.is_dir())
-    (folder / "ptc.npy").rename(tmp_path / "aside.npy")  # a folder someone emptied by hand: named, not a KeyError
-    with pytest.raises(RuntimeError, match=r"lacks ptc; remove the folder"):
-        metadata._model_arrays(folder)
-    (tmp_path / "aside.npy").rename(folder / "ptc.npy")
-    reference = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-    for text in ("The harbour master keeps the tide tables in the office by the quay.",
-                 "Der Hafenmeister führt die Gezeitentabellen im Büro am Kai.",
-                 "Le capitaine du port garde les tables des marées au bureau.",
-                 "El capitán del puerto guarda las tablas de mareas en la oficina."):
-        assert ours.classify(text) == reference.classify(text)
+    with ThreadPoolExecutor(4) as pool:
+        models = list(pool.map(lambda _: metadata.language_identifier(), range(8)))
+    assert all(model is models[0] for model in models)
+    assert metadata.language_identifier() is models[0]
+    assert models[0].classify(CELLS)[0] == "de"
 
 
-def test_the_numpy_automaton_scores_real_pages_exactly_as_py3langids_own_walk(shared_corpora):
-    from py3langid.langid import MODEL_FILE, LanguageIdentifier
-
-    from tasks import metadata
-
-    ours = metadata.language_identifier()
-    metadata.page_in_language_model()  # as the flow's warm-up does: it reads the arrays, changes nothing
-    reference = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-    pages = sorted((shared_corpora / "markdown").rglob("*.md"))[:300] + sorted((shared_corpora / "html").rglob("*.htm*"))
-    texts = [t for p in pages for text in [p.read_text(encoding="utf-8", errors="replace")]
-             for t in (_prose(text, 2000)[:2000], text[:40], text[:4])]
-    # Shorter than the automaton's depth, featureless, control bytes, other scripts.
-    texts += ["", "a", "ab", "!!!! ???? ....", "12345", "\x00\x01", "日本語のテキストです", "Ελληνικά κείμενα εδώ"]
-    assert len(texts) > 900
-    for text in texts:
-        assert ours.classify(text) == reference.classify(text), text[:80]  # language and confidence, to the bit
+def test_detection_reads_prose_skips_code_and_tables_and_says_none_when_unsure():
+    prose = " ".join(CELLS.split("\n")[2:])  # German, without the heading
+    code = "def add(a, b):\n    return a + b  # the sum of the two numbers, returned to the caller\n" * 20
+    table = "| Name | Value |\n|---|---|\n| the first | one of them |\n" * 20
+    assert detect_language([{"kind": "code", "text": code}, {"kind": "table", "text": table},
+                            {"kind": "text", "text": prose}]) == "de"
+    assert detect_language([{"kind": "markdown", "text": f"```python\n{code}```\n\n{prose}"}]) == "de"
+    assert detect_language([{"kind": "text", "text": "Zelle und Membran"}]) is None, "under 40 characters"
+    assert detect_language([{"kind": "code", "text": code}]) is None, "no prose at all"
+    unsure = "ok ok ok ok ok ok ok ok ok ok 12 34 56 78 90 ok ok ok x y z"  # py3langid: 'hu' at ~0.08
+    assert detect_language([{"kind": "text", "text": unsure}]) is None, "below 0.9"
 
 
 def _blanked(markdown: str) -> str:

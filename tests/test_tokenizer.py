@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 from providers.tokenizer import (
     RANK_FILE,
-    _token_bytes,
+    _token_byte_lengths,
     count_tokens,
     encoding,
     token_offsets,
@@ -41,9 +43,11 @@ def test_default_points_at_package_data():
     assert out.stdout.strip() == str(RANK_FILE.parent)
 
 
-def test_token_byte_lengths_from_the_rank_table_match_decoding_every_id():
+def test_token_byte_lengths_match_decoding_every_id():
     enc = encoding()
-    lengths = _token_bytes()
+    ids = np.arange(enc.n_vocab)
+    lengths = _token_byte_lengths(ids[::-1].copy())[::-1]  # learnt in any order, met again: the same lengths
+    assert (_token_byte_lengths(ids) == lengths).all()
     for token in range(enc.n_vocab):
         try:
             expected = len(enc.decode_single_token_bytes(token))
@@ -59,3 +63,4 @@ def test_token_offsets_cut_text_where_its_tokens_begin():
     # Every token starts at or after the one before, and the pieces between edges cover the text exactly.
     assert edges == sorted(edges) and "".join(text[a:b] for a, b in itertools.pairwise(edges)) == text[edges[0]:]
     assert edges[0] == 0
+    assert edges[:-1] == encoding().decode_with_offsets(tokens)[1], "tiktoken's own offsets"

@@ -78,28 +78,17 @@ def test_batches_in_other_processes_share_through_markers_until_the_writer_commi
     assert _recall({"k1"}, tmp_path / "elsewhere") == [], "a folder outside a run's batches shares nothing"
 
 
-def test_a_marker_is_left_only_once_its_artifact_is_whole_on_disk(tmp_path, monkeypatch):
-    # A worker process writes artifacts in the background; a batch in another process reads what a marker names.
-    import threading
-    from pathlib import Path
+def test_a_marker_is_left_only_once_its_artifact_is_whole_on_disk(tmp_path):
+    # A batch in another process reads what a marker names: artifacts are written (aside, then renamed) before
+    # write_artifact returns, so the file a marker names is whole.
+    import pyarrow.parquet as pq
 
-    import tasks.artifacts
-
-    gate = threading.Event()
-    real = tasks.artifacts.pq.write_table
-
-    def slow(*args, **kwargs):
-        gate.wait(10)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tasks.artifacts.pq, "write_table", slow)
     batches = tmp_path / "run" / "batches"
     first = _embedded(batches / "00000", ["k1"])
-    assert not Path(first).exists() and not list((batches / "00000").glob("*")), "nothing under the name meanwhile"
-    threading.Timer(0.3, gate.set).start()
     uncommitted.remember("embed", ["k1"], first)
     assert (tmp_path / "run" / "uncommitted" / "embed.00000").is_file()
-    assert tasks.artifacts.pq.read_table(first).num_rows == 1, "whole on disk, for a batch in another process"
+    assert pq.read_table(first).num_rows == 1, "whole on disk, for a batch in another process"
+    assert [p.name for p in (batches / "00000").iterdir()] == ["embedded_chunks.parquet"], "no partial file left"
 
 
 def test_markers_in_a_bucket_are_seen_by_a_batch_in_another_process(s3, monkeypatch):

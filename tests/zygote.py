@@ -91,10 +91,9 @@ def main() -> None:
     import flows.ingest  # noqa: F401 - the point: imported once, before any fork
     from providers import tokenizer
     from tasks.metadata import language_identifier
-    from tasks.quality import warm
+    import great_expectations  # noqa: F401
 
     # What a run loads on first use, each child paid again (~5 s here, GX's import most of it): loaded once.
-    warm()
     tokenizer.warm()
     language_identifier()
 

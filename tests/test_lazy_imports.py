@@ -1,0 +1,27 @@
+"""Inlet imports a model library only where a run uses it (its own imports inside functions, nothing else)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_ingest_flow_imports_without_the_model_libraries_a_run_may_not_use():
+    # ~0.4 s (google-genai) and ~0.1 s (yake, networkx) of every run's start-up; they load when a run uses them.
+    probe = textwrap.dedent("""
+        import sys
+        import flows.ingest
+        print("google.genai" in sys.modules, "yake" in sys.modules)
+        from providers.enrichers import KeywordEnricher
+        from providers.gemini import GeminiEmbedder
+        print("google.genai" in sys.modules, GeminiEmbedder.__name__, KeywordEnricher().enrich([]) == [])
+        print("yake" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=False,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:3] == ["False False", "True GeminiEmbedder True", "True"]
