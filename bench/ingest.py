@@ -44,7 +44,7 @@ def worker(config: str, out: str) -> None:
     import_start = time.perf_counter()
     from flows.ingest import ingest
     from schemas.config import load_config
-    from tasks.store import connect, open_table
+    from store.tables import connect, open_table
 
     imported = time.perf_counter()
     summary = ingest(config_path=config)

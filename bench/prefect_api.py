@@ -31,7 +31,7 @@ def measure(reps: int) -> dict[str, float]:
     from prefect import flow
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    from tasks.stage import prepare, stage
+    from runtime.stage import prepare, stage
 
     @stage("nothing")
     def nothing(path: str) -> dict:

@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 import providers  # noqa: E402,F401 - offline switches first
 from query.search import search, warm  # noqa: E402
 from schemas.arrow import chunk_rows_schema  # noqa: E402
-from tasks.load import refresh_indexes  # noqa: E402
-from tasks.store import connect  # noqa: E402
+from store.commit import refresh_indexes  # noqa: E402
+from store.tables import connect  # noqa: E402
 
 DIM = 384
 CORPUS = ROOT.parent / "shared" / "corpora" / "markdown"

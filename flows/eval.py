@@ -17,7 +17,7 @@ from query.metrics import mean_metrics
 from query.search import fuse, search
 from schemas.config import load_config
 from schemas.errors import ConfigError
-from tasks.stage import stage
+from runtime.stage import stage
 
 MODES = ("vector", "fulltext", "hybrid")
 EVAL_SOURCE = "eval"

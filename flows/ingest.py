@@ -20,8 +20,9 @@ from providers.keys import use_secret_block
 from schemas.arrow import DOCUMENTS_SCHEMA, WORK, Change
 from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig, load_config
 from schemas.errors import ConfigError
-from tasks import inflight, uncommitted
-from tasks.artifacts import is_remote, join, read_artifact, use_storage_options
+from store import inflight
+from tasks import uncommitted
+from runtime.artifacts import is_remote, join, read_artifact, use_storage_options
 from tasks.batch import (
     IndexPlan,
     batch_bytes,
@@ -31,17 +32,17 @@ from tasks.batch import (
     plan_batches,
     write_batch_documents,
 )
-from tasks.cpu import close_cpu_pool, default_workers, start_cpu_pool, worth_a_pool
+from runtime.cpu import close_cpu_pool, default_workers, start_cpu_pool, worth_a_pool
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
-from tasks.failpoints import failpoint
-from tasks.isolate import Breaker
+from runtime.failpoints import failpoint
+from runtime.isolate import Breaker
 from tasks.load import Writer
-from tasks.memory import release_memory
-from tasks.progress import stage_progress
+from runtime.memory import release_memory
+from runtime.progress import stage_progress
 from tasks.report import report_stage
-from tasks.stage import opaque_value
-from tasks.store import (
+from runtime.stage import opaque_value
+from store.tables import (
     connect,
     is_remote_store,
     known_documents,
@@ -191,7 +192,7 @@ def _suffix(plan: IndexPlan) -> str:
 
 
 def _inflight_dir(cfg: InletConfig) -> str:
-    """Where an index's commit groups leave their in-flight markers (tasks/inflight.py)."""
+    """Where an index's commit groups leave their in-flight markers (store/inflight.py)."""
     return inflight.folder(cfg.store.artifacts, cfg.store.uri, cfg.store.chunks_table)
 
 
@@ -222,7 +223,7 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
     if not batches:
         return totals
     spans: list[tuple[float, float]] = []
-    # One document never fails a run; most documents failing alike stop it before any commit (tasks/isolate.py).
+    # One document never fails a run; most documents failing alike stop it before any commit (runtime/isolate.py).
     breaker = Breaker(sum(len(b) for b in batches), execution.systemic_share, execution.systemic_min_docs)
     try:
         if execution.task_runner == "thread" and worth_a_pool(sum(sizes)):  # batches in this process share it

@@ -20,7 +20,7 @@ from tasks.maintain import (
     repair_stage,
     republish,
 )
-from tasks.store import use_store_options, writer_lock
+from store.tables import use_store_options, writer_lock
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 

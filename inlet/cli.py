@@ -69,7 +69,7 @@ def ingest(
         os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
     from flows.ingest import ingest as ingest_flow
     from schemas.config import load_config
-    from tasks.progress import terminal_bars
+    from runtime.progress import terminal_bars
 
     try:
         load_config(config)  # fail on a bad config before Prefect starts

@@ -15,7 +15,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import BaseModel, ValidationError
 
-from providers.enrichers import EnrichInput, Usage
+from providers.types import EnrichInput, Usage
 from providers.gemini_batch import (
     JobLedger,
     JobRecord,

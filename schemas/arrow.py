@@ -5,6 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from schemas.errors import DataContractError
 
@@ -100,6 +101,11 @@ ENRICHED_CHUNKS_SCHEMA = pa.schema([
     pa.field("enrich_key", pa.string()),  # hash(enrichment input, enricher): the cache key
     pa.field("enriched_now", pa.bool_(), nullable=False),  # the model was called for it in this run
 ])
+
+
+def failed_mask(enriched: pa.Table) -> pa.ChunkedArray:
+    """Mark rows whose enrichment failed: an enricher is set but there is no cache key."""
+    return pc.and_(pc.is_valid(enriched["enricher"]), pc.is_null(enriched["enrich_key"]))
 
 
 def embedded_chunks_schema(dim: int) -> pa.Schema:

@@ -24,7 +24,7 @@ from schemas.arrow import (
     embedded_chunks_schema,
 )
 from schemas.config import ExtractionConfig, InletConfig
-from tasks.artifacts import (
+from runtime.artifacts import (
     batch_dir,
     join,
     read_artifact,
@@ -35,13 +35,13 @@ from tasks.chunk import chunk_stage
 from tasks.embed import embed_stage
 from tasks.enrich import enrich_stage
 from tasks.extract import extract_stage
-from tasks.failpoints import failpoint
-from tasks.isolate import unexpected_errors
-from tasks.progress import quiet_stages
+from runtime.failpoints import failpoint
+from runtime.isolate import unexpected_errors
+from runtime.progress import quiet_stages
 from tasks.quality import validate_stage
 from tasks.refresh import refresh_stage
 from tasks.report import text_counts
-from tasks.store import use_store_options
+from store.tables import use_store_options
 from tasks.variants import extraction_todo_stage, for_variant_stage
 
 _WORK = pa.array(WORK)

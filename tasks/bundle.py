@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.clean import decode_text
+
 _PATH_LINE = re.compile(r"^[^\s]+\.mdx?$")
 _SOURCE_LINE = re.compile(r"^Source:\s*(\S+)\s*$")
 _TITLE_LINE = re.compile(r"^# +(.+?)\s*$")
@@ -112,7 +114,6 @@ def member_uri(key: str, base_url: str | None, bundle: Path) -> str:
 @functools.lru_cache(maxsize=8)
 def _members_of(path: str, mtime_ns: int, size: int) -> dict[str, Member]:
     """Parse a bundle once per version of the file (extraction asks for its pages one at a time)."""
-    from tasks.extract import decode_text
 
     return {m.key: m for m in parse_bundle(decode_text(Path(path).read_bytes()))}
 

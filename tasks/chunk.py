@@ -16,11 +16,11 @@ from providers.tokenizer import encode, encoding, token_offsets
 from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA
 from schemas.config import ChunkingConfig, ChunkStrategy
 from schemas.errors import UNEXPECTED, DocumentFailure
-from tasks.artifacts import read_artifact, write_artifact
+from runtime.artifacts import read_artifact, write_artifact
 from tasks.clean import heading_title
-from tasks.cpu import map_parts, split_by_size
-from tasks.isolate import each_document, quarantined_by
-from tasks.stage import stage
+from runtime.cpu import map_parts, split_by_size
+from runtime.isolate import each_document, quarantined_by
+from runtime.stage import stage
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t#]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")

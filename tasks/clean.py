@@ -1,4 +1,4 @@
-"""Cleaning extracted text: site-generator markup out, content in, code blocks untouched.
+"""Decoding and cleaning text: bytes to text; site-generator markup out, content in, code blocks untouched.
 
 - Hugo shortcodes: comments go with their content; tabs and alerts leave their label as a bold
   line; other shortcodes (params, includes, embeds) are dropped, paired ones keeping their inner text.
@@ -17,6 +17,42 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable
+
+from schemas.errors import ExtractionError
+
+# Byte-order marks and the encodings they name, longest first (a UTF-32 LE mark begins with UTF-16 LE's).
+BOMS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"),
+         (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+
+
+def decode_text(data: bytes) -> str:
+    """Decode bytes by their BOM, as UTF-8 when they are valid UTF-8, else by detection; newlines normalised to \\n.
+
+    Valid UTF-8 with NUL bytes (UTF-16 without a BOM) or ISO-2022 escapes is not taken for UTF-8.
+    """
+    encoding = next((enc for bom, enc in BOMS if data.startswith(bom)), None)
+    if encoding is None and b"\x00" not in data and b"\x1b" not in data:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        else:
+            return text.replace("\r\n", "\n").replace("\r", "\n")
+    if encoding is None:
+        import chardet
+
+        # chardet 7 tells the ISO-8859 and Windows code pages apart where charset-normalizer does not.
+        encoding = chardet.detect(data[: 1 << 20])["encoding"]
+    try:
+        if encoding is None:
+            raise LookupError("no encoding detected")
+        text = data.decode(encoding)
+    except (LookupError, UnicodeDecodeError) as exc:
+        raise ExtractionError("decode_error", f"could not detect the text encoding ({exc})") from None
+    if "\x00" in text:
+        raise ExtractionError("decode_error", f"decoded as {encoding} but NUL characters remain: binary, not text")
+    return text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+
 
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
 _COMMENT = re.compile(r"\{\{[<%]\s*comment\s*[>%]\}\}.*?\{\{[<%]\s*/comment\s*[>%]\}\}", re.DOTALL)

@@ -24,10 +24,10 @@ from schemas.arrow import LISTING_SCHEMA
 from schemas.config import InletConfig, SourceConfig, SourceMetadata
 from schemas.errors import ConfigError, ExtractionError
 from tasks import web
-from tasks.artifacts import join, write_artifact
+from runtime.artifacts import join, write_artifact
 from tasks.bundle import NotABundleError, keep_member, member_uri, parse_bundle
-from tasks.extract import decode_text
-from tasks.stage import stage
+from tasks.clean import decode_text
+from runtime.stage import stage
 
 
 def metadata_for(src: SourceConfig, rel: str) -> SourceMetadata:

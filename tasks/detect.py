@@ -16,8 +16,8 @@ from providers.enrichers import make_enricher
 from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA, REFRESH_ENRICHMENT, Change, conform
 from schemas.config import InletConfig
 from schemas.errors import ConfigError
-from tasks.artifacts import read_artifact, write_artifact
-from tasks.stage import stage
+from runtime.artifacts import read_artifact, write_artifact
+from runtime.stage import stage
 
 # Bump when extraction or chunking code changes what it produces: every document is reprocessed.
 # 2: Markdown cleaning, PDF running headers, HTML boilerplate, character-safe windows. 3: documents' own access
@@ -141,7 +141,7 @@ def classify_documents(
     """Classify the listing against known document rows; known rows of listed sources that vanished are deleted.
 
     Files over max_bytes are not read, not even to hash them: extraction quarantines them as too_large.
-    interrupted: documents a killed run was committing (tasks/inflight.py): changed, whatever their bytes say.
+    interrupted: documents a killed run was committing (store/inflight.py): changed, whatever their bytes say.
     """
     # Only the columns a comparison reads: a Python copy of every stored column cost more than the comparing.
     slim = known.select([c for c in _COMPARED if c in known.column_names])

@@ -25,8 +25,8 @@ from schemas.arrow import (
 from schemas.config import EmbeddingConfig, EnrichmentConfig, PricingConfig
 from schemas.errors import DocumentFailure
 from tasks import uncommitted
-from tasks.artifacts import read_artifact, report_batch_job, write_artifact
-from tasks.isolate import (
+from runtime.artifacts import read_artifact, report_batch_job, write_artifact
+from runtime.isolate import (
     each_document,
     failing_items,
     model_fails_run,
@@ -34,8 +34,8 @@ from tasks.isolate import (
     rejected_documents,
     without_documents,
 )
-from tasks.progress import stage_progress
-from tasks.stage import stage
+from runtime.progress import stage_progress
+from runtime.stage import stage
 
 
 def embedding_input(text: str, enrichment: str | None, delimiter: str) -> str:
@@ -76,7 +76,7 @@ def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None]
 
     With batch_call, every missing key goes to it at once (Gemini Batch Mode) instead of batch_size at a time.
     An input the embedder raises on (alone: a failing call is halved until the input is found) fails its
-    documents, which leave the table; an outage (tasks/isolate.py) fails the run.
+    documents, which leave the table; an outage (runtime/isolate.py) fails the run.
     """
     keys = [embed_key(t, embedder.fingerprint, title) for t, title in zip(inputs, titles)]
     title_of = dict(zip(keys, titles))

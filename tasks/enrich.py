@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
 
-from providers.enrichers import Enricher, EnrichInput, Usage, make_enricher
+from providers.enrichers import make_enricher
+from providers.types import Enricher, EnrichInput, Usage
 from providers.gemini_batch import JobLedger, batch_polling
 from providers.pricing import model_cost
 from providers.tokenizer import count_tokens
@@ -20,12 +21,13 @@ from schemas.arrow import (
     ENRICH_USAGE,
     ENRICHED_CHUNKS_SCHEMA,
     EXTRACTED_SCHEMA,
+    failed_mask,
 )
 from schemas.config import EnrichmentConfig, PricingConfig
 from schemas.errors import DocumentFailure
 from tasks import uncommitted
-from tasks.artifacts import read_artifact, report_batch_job, write_artifact
-from tasks.isolate import (
+from runtime.artifacts import read_artifact, report_batch_job, write_artifact
+from runtime.isolate import (
     each_document,
     failing_items,
     model_fails_run,
@@ -33,8 +35,8 @@ from tasks.isolate import (
     rejected_documents,
     without_documents,
 )
-from tasks.progress import stage_progress
-from tasks.stage import stage
+from runtime.progress import stage_progress
+from runtime.stage import stage
 
 
 def enrich_key(item: EnrichInput, fingerprint: str, document: str | None = None) -> str:
@@ -144,11 +146,6 @@ def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher
 def failed_enrichments(enriched: pa.Table) -> int:
     """Count chunks whose enrichment failed: an enricher is set but there is no cache key."""
     return int(pc.sum(failed_mask(enriched)).as_py() or 0)
-
-
-def failed_mask(enriched: pa.Table) -> pa.ChunkedArray:
-    """Mark rows whose enrichment failed: an enricher is set but there is no cache key."""
-    return pc.and_(pc.is_valid(enriched["enricher"]), pc.is_null(enriched["enrich_key"]))
 
 
 def _saved_tokens(enricher: Enricher, enriched: pa.Table, items: list[EnrichInput],

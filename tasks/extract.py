@@ -20,14 +20,16 @@ import yaml
 from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError, unexpected
-from tasks.artifacts import read_artifact, write_artifact
+from runtime.artifacts import read_artifact, write_artifact
 from tasks.clean import (
+    BOMS,
     clean_html,
     clean_markdown,
+    decode_text,
     drop_repeated_page_lines,
     heading_title,
 )
-from tasks.cpu import map_parts, split_by_size, worker_context
+from runtime.cpu import map_parts, split_by_size, worker_context
 from tasks.metadata import (
     detect_language,
     docx_metadata,
@@ -35,8 +37,8 @@ from tasks.metadata import (
     html_metadata,
     merged_metadata,
 )
-from tasks.progress import stage_progress
-from tasks.stage import stage
+from runtime.progress import stage_progress
+from runtime.stage import stage
 
 MARKDOWN = {".md", ".markdown", ".mdx"}
 _OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # legacy Office / encrypted OOXML container
@@ -57,39 +59,8 @@ class Extracted:
 
 # --- decoding and sniffing ------------------------------------------------------------------
 
-_BOMS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"),
-         (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
 _TEXT_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".html", ".htm", ".xml", ".csv", ".srt", ".rst", ".log", ""}
 _OOXML = {".docx", ".xlsx", ".pptx"}
-
-
-def decode_text(data: bytes) -> str:
-    """Decode bytes by their BOM, as UTF-8 when they are valid UTF-8, else by detection; newlines normalised to \\n.
-
-    Valid UTF-8 with NUL bytes (UTF-16 without a BOM) or ISO-2022 escapes is not taken for UTF-8.
-    """
-    encoding = next((enc for bom, enc in _BOMS if data.startswith(bom)), None)
-    if encoding is None and b"\x00" not in data and b"\x1b" not in data:
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            pass
-        else:
-            return text.replace("\r\n", "\n").replace("\r", "\n")
-    if encoding is None:
-        import chardet
-
-        # chardet 7 tells the ISO-8859 and Windows code pages apart where charset-normalizer does not.
-        encoding = chardet.detect(data[: 1 << 20])["encoding"]
-    try:
-        if encoding is None:
-            raise LookupError("no encoding detected")
-        text = data.decode(encoding)
-    except (LookupError, UnicodeDecodeError) as exc:
-        raise ExtractionError("decode_error", f"could not detect the text encoding ({exc})") from None
-    if "\x00" in text:
-        raise ExtractionError("decode_error", f"decoded as {encoding} but NUL characters remain: binary, not text")
-    return text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _looks_like_html(head: bytes) -> bool:
@@ -101,7 +72,7 @@ def _looks_like_html(head: bytes) -> bool:
 
 def _head_as_utf8(head: bytes) -> bytes:
     """Return the first bytes re-encoded as UTF-8 when a UTF-16/32 BOM says they are not."""
-    for bom, enc in _BOMS[1:]:
+    for bom, enc in BOMS[1:]:
         if head.startswith(bom):
             return head.decode(enc, errors="ignore").encode("utf-8", errors="ignore")
     return head

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.arrow import PUBLISHED_TAG
-from tasks.load import refresh_indexes
-from tasks.memory import release_memory
-from tasks.stage import stage
-from tasks.store import connect, open_table, sql_list, table_names
+from store.commit import refresh_indexes
+from runtime.memory import release_memory
+from runtime.stage import stage
+from store.tables import connect, open_table, sql_list, table_names
 
 FINDINGS_SCHEMA = pa.schema([
     pa.field("table", pa.string(), nullable=False),  # the chunks table the finding is about

@@ -31,9 +31,9 @@ from schemas.arrow import (
 )
 from schemas.config import ACCESS_LEVELS, QualityConfig
 from schemas.errors import INVALID, DataQualityError, DocumentFailure
-from tasks.artifacts import read_artifact, write_artifact
-from tasks.isolate import fails_the_run, failing_items, quarantined_by, without_documents
-from tasks.stage import stage
+from runtime.artifacts import read_artifact, write_artifact
+from runtime.isolate import fails_the_run, failing_items, quarantined_by, without_documents
+from runtime.stage import stage
 
 Severity = Literal["quarantine", "fail", "warn"]
 

@@ -13,9 +13,9 @@ from schemas.arrow import (
     REFRESH_ENRICHMENT,
     Change,
 )
-from tasks.artifacts import read_artifact, write_artifact
-from tasks.stage import stage
-from tasks.store import connect, open_table, select_where_in
+from runtime.artifacts import read_artifact, write_artifact
+from runtime.stage import stage
+from store.tables import connect, open_table, select_where_in
 
 _OWN = ("language", "tags", "extra", "access_level", "expires_at")  # a document's merged metadata, as committed
 _STORED = pa.schema([*CHUNKS_SCHEMA, pa.field("title", pa.string()),

@@ -20,12 +20,12 @@ from schemas.arrow import (
     Change,
 )
 from tasks.access import raised_and_lowered
-from tasks.artifacts import read_artifact, write_artifact
+from runtime.artifacts import read_artifact, write_artifact
 from tasks.enrich import failed_enrichments
-from tasks.failpoints import failpoint
+from runtime.failpoints import failpoint
 from tasks.refresh import refresh_ids
-from tasks.stage import stage
-from tasks.store import RUNS, connect, ensure_columns, open_table
+from runtime.stage import stage
+from store.tables import RUNS, connect, ensure_columns, open_table
 
 
 def _true(column: pa.ChunkedArray) -> int:

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.artifacts import (
+from runtime.artifacts import (
     batch_dir,
     join,
     list_names,
@@ -39,7 +39,7 @@ from tasks.artifacts import (
     split_batch_dir,
     write_bytes,
 )
-from tasks.store import connect, open_table, select_one_per_key
+from store.tables import connect, open_table, select_one_per_key
 
 _LOCK = threading.Lock()
 _SHARED: dict[str, dict[str, str]] | None = None  # kind ("embed", "enrich") -> {key: artifact path}

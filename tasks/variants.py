@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA, WORK
-from tasks.artifacts import read_artifact, write_artifact
-from tasks.stage import stage
+from runtime.artifacts import read_artifact, write_artifact
+from runtime.stage import stage
 
 
 def _needs_work(documents: pa.Table) -> pa.ChunkedArray:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from tasks.artifacts import write_bytes
+from runtime.artifacts import write_bytes
 
 USER_AGENT = "Inlet (knowledge-base refresher)"
 

@@ -12,7 +12,7 @@ import pytest
 
 from schemas.arrow import embedded_chunks_schema
 from schemas.errors import StoreError
-from tasks.artifacts import read_artifact, write_artifact
+from runtime.artifacts import read_artifact, write_artifact
 
 
 def _embedded(rows: int, dim: int) -> pa.Table:
@@ -62,13 +62,13 @@ def test_a_file_rewritten_after_this_process_wrote_it_is_read_from_disk(tmp_path
 
 def test_a_failed_write_raises_in_the_stage_naming_the_file_and_leaves_no_partial_file(tmp_path: Path,
                                                                                        monkeypatch) -> None:
-    import tasks.artifacts
+    import runtime.artifacts
 
     def broken(table, where, **kwargs):
         Path(where).write_bytes(b"half")
         raise OSError(28, "No space left on device", where)
 
-    monkeypatch.setattr(tasks.artifacts.pq, "write_table", broken)
+    monkeypatch.setattr(runtime.artifacts.pq, "write_table", broken)
     with pytest.raises(StoreError, match=r"full\.parquet: the artifact could not be written.*No space left"):
         write_artifact(_embedded(12, 4), tmp_path, "full", _embedded(1, 4).schema)
     assert list(tmp_path.iterdir()) == [], "no half-written file, under its name or aside"

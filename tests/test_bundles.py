@@ -12,7 +12,7 @@ from query import search
 from schemas.config import SourceConfig, load_config
 from tasks.bundle import keep_member, parse_bundle
 from tasks.crawl import list_source
-from tasks.extract import decode_text
+from tasks.clean import decode_text
 
 BUNDLES = {"langgraph-llms-full.txt": 48, "mcp-modelcontextprotocol-llms-full.txt": 43, "crewai-llms-full.txt": 214}
 

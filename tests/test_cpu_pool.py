@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tasks.cpu import close_cpu_pool, cpu_pool, map_parts, split_by_size, start_cpu_pool
+from runtime.cpu import close_cpu_pool, cpu_pool, map_parts, split_by_size, start_cpu_pool
 
 
 def _where(part: list[int]) -> tuple[list[int], int]:

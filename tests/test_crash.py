@@ -18,7 +18,7 @@ from flows.ingest import ingest
 from query import search
 from schemas.arrow import PUBLISHED_TAG
 from schemas.config import load_config
-from tasks.failpoints import POINTS
+from runtime.failpoints import POINTS
 from tests.conftest import run_artifact
 from tests.zygote import Zygote
 
@@ -213,10 +213,10 @@ def test_searches_during_a_run_see_the_previous_run_or_the_new_one_never_part_of
 def test_a_file_put_back_after_a_run_was_killed_mid_commit_gets_its_old_chunks_back(pages, write_config):
     # Killed between its chunk and documents commits, a run leaves the edit's chunks under the old documents
     # row. With the file back to its old bytes the hash matches that row again: only the run's marker
-    # (tasks/inflight.py) says the document must be done again.
+    # (store/inflight.py) says the document must be done again.
     from prefect.settings import PREFECT_API_URL
 
-    from tasks import inflight
+    from store import inflight
 
     config = _config(write_config, pages, "store")
     ingest(config_path=str(config))
@@ -243,7 +243,7 @@ def test_a_file_put_back_after_a_run_was_killed_mid_commit_gets_its_old_chunks_b
 def test_a_marker_counts_for_its_own_store_only(pages, write_config, tmp_path):
     # Two stores share one artifact root. A marker one of them left names rigging.md: the other store's run does
     # not take it (nor settle it); its own store's run does the page again and settles it.
-    from tasks import inflight
+    from store import inflight
 
     staging = _config(write_config, pages, "staging")
     data = yaml.safe_load(staging.read_text(encoding="utf-8"))

@@ -9,11 +9,10 @@ import pytest
 import tasks.extract
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
-from tasks.clean import clean_html
+from tasks.clean import clean_html, decode_text
 from tasks.extract import (
     SpacyModelMissingError,
     close_pools,
-    decode_text,
     extract_document,
     extract_isolated,
     require_spacy_model,

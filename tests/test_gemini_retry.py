@@ -6,7 +6,7 @@ import httpx
 import pytest
 from google.genai import errors as genai_errors
 
-from providers.enrichers import EnrichInput
+from providers.types import EnrichInput
 from providers.gemini import GeminiEmbedder
 from providers.gemini_enricher import GeminiEnricher, load_prompt
 from providers.gemini_retry import TRANSIENT, Retrier, is_transient, server_retry_delay

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from schemas.errors import StoreError
-from tasks import inflight
+from store import inflight
 
 
 def test_a_marker_is_read_back_and_a_write_still_aside_is_not_a_marker(tmp_path):

@@ -8,8 +8,8 @@ from pathlib import Path
 import lancedb
 import pytest
 
+import store.commit
 import tasks.extract
-import tasks.load
 from flows.ingest import ingest
 from providers.embedders import HashingEmbedder
 from query import search
@@ -159,7 +159,7 @@ def test_crash_between_chunk_and_document_commit_converges(corpus, write_config,
         raise RuntimeError("injected crash after the chunk commit")
 
     with monkeypatch.context() as patch:
-        patch.setattr(tasks.load, "commit_documents", crash)
+        patch.setattr(store.commit, "commit_documents", crash)
         with pytest.raises(RuntimeError, match="injected crash"):
             ingest(config_path=str(config))
     recovered = ingest(config_path=str(config))
@@ -183,7 +183,7 @@ def test_new_document_crashed_between_its_commits_then_edited_leaves_no_chunk_of
     knots = corpus / "guides" / "knots.md"
     knots.write_text("# Knots\n\nThe reef knot joins two ends of one line.\n")
     with monkeypatch.context() as patch:
-        patch.setattr(tasks.load, "commit_documents", lambda *_a, **_k: (_ for _ in ()).throw(RuntimeError("crash")))
+        patch.setattr(store.commit, "commit_documents", lambda *_a, **_k: (_ for _ in ()).throw(RuntimeError("crash")))
         with pytest.raises(RuntimeError, match="crash"):
             ingest(config_path=str(config))
     assert [c for c in _tables(config)[1] if c["doc_id"] == "sample:guides/knots.md"], "the crash left its chunks"

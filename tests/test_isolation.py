@@ -1,5 +1,5 @@
 """One document never fails a run: a poison pill in any per-document stage quarantines that document only, and
-the same error on most documents stops the run before it commits anything (tasks/isolate.py)."""
+the same error on most documents stops the run before it commits anything (runtime/isolate.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from providers.enrichers import KeywordEnricher
 from query import quarantined, search
 from schemas.config import load_config
 from schemas.errors import DocumentFailure, SystemicFailureError
-from tasks.isolate import Breaker, failing_items, model_fails_run
+from runtime.isolate import Breaker, failing_items, model_fails_run
 from tasks.load import Writer
 from tests.gemini_server import Faults, GeminiServer
 

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from tasks.memory import _malloc_trim
+from runtime.memory import _malloc_trim
 
 glibc_only = pytest.mark.skipif(_malloc_trim() is None, reason="glibc only: malloc_trim")
 
@@ -17,7 +17,7 @@ glibc_only = pytest.mark.skipif(_malloc_trim() is None, reason="glibc only: mall
 def test_freed_heap_memory_below_a_live_allocation_is_returned_by_release_memory():
     # In a fresh interpreter, so that what the test suite holds does not blur the numbers.
     script = textwrap.dedent("""
-        from tasks.memory import release_memory
+        from runtime.memory import release_memory
 
         def anon_mb():
             with open("/proc/self/status") as fh:

@@ -108,7 +108,7 @@ def test_the_store_and_artifacts_can_both_live_in_a_bucket(s3, write_config, tmp
     assert search("wind limits for lasers", k=1, config=config)[0].doc_id == "sample:policies/safety-policy.html"
     guide = corpus / "guides" / "boat-maintenance.md"
     guide.write_text(guide.read_text().replace("2% hardener", "3% hardener"))
-    monkeypatch.setattr("tasks.load.MAX_UNINDEXED", 0)  # the new rows are folded into the indexes in the bucket
+    monkeypatch.setattr("store.commit.MAX_UNINDEXED", 0)  # the new rows are folded into the indexes in the bucket
     second = ingest(config_path=str(config))
     assert (second["docs_changed"], second["docs_unchanged"]) == (1, 4)
     assert second["indexes"]["fulltext"]["unindexed"] == 0
@@ -116,7 +116,7 @@ def test_the_store_and_artifacts_can_both_live_in_a_bucket(s3, write_config, tmp
 
     # One writer per store on object storage too: a Prefect concurrency limit named after it.
     from schemas.errors import StoreBusyError
-    from tasks.store import writer_lock
+    from store.tables import writer_lock
 
     with writer_lock("s3://knowledge/lancedb", "run-holding"), pytest.raises(StoreBusyError, match="being written by"):
         ingest(config_path=str(config))
@@ -125,7 +125,7 @@ def test_the_store_and_artifacts_can_both_live_in_a_bucket(s3, write_config, tmp
 def test_in_flight_markers_are_written_read_and_removed_in_a_bucket(s3, monkeypatch):
     import fsspec.config
 
-    from tasks import inflight
+    from store import inflight
 
     endpoint, client, _ = s3
     client.create_bucket(Bucket="marks")

@@ -9,8 +9,8 @@ import pytest
 from prefect import flow
 from prefect.artifacts import Artifact
 
-from tasks import progress
-from tasks.progress import stage_progress
+from runtime import progress
+from runtime.progress import stage_progress
 
 
 @flow

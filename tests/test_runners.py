@@ -194,21 +194,21 @@ def test_a_dask_address_nobody_answers_is_an_error_naming_the_key(corpus, write_
 
 
 def test_the_cpu_pool_shares_markdown_and_chunking_and_makes_the_same_tables(sample_reference, tmp_path, monkeypatch):
-    import tasks.cpu
+    import runtime.cpu
 
     corpus, expected = sample_reference
-    monkeypatch.setattr(tasks.cpu, "MIN_BYTES", 0)  # the sample corpus is far below the size that starts the pool
-    monkeypatch.setattr(tasks.cpu, "PART_BYTES", 1)  # one document a part: every batch has parts to share out
+    monkeypatch.setattr(runtime.cpu, "MIN_BYTES", 0)  # the sample corpus is far below the size that starts the pool
+    monkeypatch.setattr(runtime.cpu, "PART_BYTES", 1)  # one document a part: every batch has parts to share out
     config = tmp_path / "pool.yaml"
     config.write_text(yaml.safe_dump({
         "sources": [{"name": "sample", "path": str(corpus)}], "embedding": {"kind": "hashing", "dim": 64},
         "store": {"uri": str(tmp_path / "store" / "lancedb"), "artifacts": str(tmp_path / "store" / "runs")},
         "execution": {"batch_docs": 2, "workers": 2, "task_runner": "thread", "cpu_workers": 2}}))
     # Up before the run (which then keeps it): the batches of so small a corpus would end before it starts.
-    tasks.cpu.start_cpu_pool(2)
-    while tasks.cpu.cpu_pool()[0] is None:
+    runtime.cpu.start_cpu_pool(2)
+    while runtime.cpu.cpu_pool()[0] is None:
         time.sleep(0.05)
     summary = ingest(config_path=str(config))
     assert summary["docs_new"] == 5 and summary["docs_quarantined"] == 0
     assert _tables(config) == expected
-    assert tasks.cpu.cpu_pool() == (None, 0), "the run stopped its pool"
+    assert runtime.cpu.cpu_pool() == (None, 0), "the run stopped its pool"

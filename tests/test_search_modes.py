@@ -14,7 +14,7 @@ from query import search, warm
 from query.search import fuse
 from schemas.config import load_config
 from schemas.errors import QueryError
-from tasks.store import FILE_FORMAT
+from store.tables import FILE_FORMAT
 from tests.conftest import run_artifact
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

@@ -8,7 +8,7 @@ import pytest
 from prefect import flow
 
 from schemas.config import InletConfig, load_config
-from tasks.stage import opaque_value, stage
+from runtime.stage import opaque_value, stage
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 

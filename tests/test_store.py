@@ -6,8 +6,8 @@ import lancedb
 import pyarrow as pa
 import pytest
 
-import tasks.store
-from tasks.store import select_one_per_key
+import store.tables
+from store.tables import select_one_per_key
 
 SCHEMA = pa.schema([pa.field("chunk_id", pa.string()), pa.field("embed_key", pa.string()),
                     pa.field("vector", pa.list_(pa.float32(), 2))])
@@ -32,7 +32,7 @@ def test_a_key_stored_by_many_chunks_comes_back_once_with_its_columns(table):
 
 
 def test_keys_split_over_several_filters_still_come_back_once(table, monkeypatch):
-    monkeypatch.setattr(tasks.store, "IN_BATCH", 1)
+    monkeypatch.setattr(store.tables, "IN_BATCH", 1)
     got = select_one_per_key(table, "embed_key", ["k0", "k1", "k2"], ["embed_key"], SCHEMA)
     assert sorted(got["embed_key"].to_pylist()) == ["k0", "k1", "k2"]
 
@@ -40,7 +40,7 @@ def test_keys_split_over_several_filters_still_come_back_once(table, monkeypatch
 def test_the_row_taken_for_a_key_is_its_lowest_row_id_as_a_group_by_would_pick():
     import random
 
-    from tasks.store import _lowest_row_per_key
+    from store.tables import _lowest_row_per_key
 
     rng = random.Random(7)
     ids = rng.sample(range(10_000), 500)
@@ -77,13 +77,13 @@ def _segments(table: lancedb.table.Table) -> int:
 
 def test_folding_new_rows_into_the_indexes_adds_a_delta_and_rewrites_no_data_file(tmp_path, monkeypatch):
     # LanceDB's optimize() compacts first: every small fragment rewritten, so a fold cost the whole table.
-    from tasks.load import refresh_indexes
+    from store.commit import refresh_indexes
 
     table = _indexed_table(tmp_path, 3)
     table.add(pa.table({"id": ["new"], "text": ["the zanzibar tide gauge"]}))
     fragments = table.stats()["fragment_stats"]["num_fragments"]
     assert refresh_indexes(table, fulltext=True, ann_min_rows=10**9)["fulltext"]["unindexed"] == 1, "below the bar"
-    monkeypatch.setattr("tasks.load.MAX_UNINDEXED", 0)
+    monkeypatch.setattr("store.commit.MAX_UNINDEXED", 0)
     assert refresh_indexes(table, fulltext=True, ann_min_rows=10**9)["fulltext"] == {"indexed": 61, "unindexed": 0}
     assert table.stats()["fragment_stats"]["num_fragments"] == fragments, "no data file rewritten"
     assert _segments(table) == 2, "the new row went into a delta segment beside the base"
@@ -91,10 +91,10 @@ def test_folding_new_rows_into_the_indexes_adds_a_delta_and_rewrites_no_data_fil
 
 
 def test_deltas_past_the_limit_are_merged_and_maintenance_merges_them_all(tmp_path, monkeypatch):
-    from tasks.load import MAX_DELTAS, refresh_indexes
+    from store.commit import MAX_DELTAS, refresh_indexes
 
     table = _indexed_table(tmp_path, 1)
-    monkeypatch.setattr("tasks.load.MAX_UNINDEXED", 0)
+    monkeypatch.setattr("store.commit.MAX_UNINDEXED", 0)
     for n in range(MAX_DELTAS + 3):
         table.add(pa.table({"id": [f"more-{n}"], "text": [f"later row {n}"]}))
         refresh_indexes(table, fulltext=True, ann_min_rows=10**9)
@@ -124,7 +124,7 @@ def test_a_chunk_commit_replaces_the_documents_chunks_and_clears_what_a_killed_r
     # A run killed between its chunk append and its delete leaves its rows beside the older ones (one chunk
     # id twice); the next run's commit of that document must leave each chunk id once. A merge on chunk_id
     # updated both copies and kept the duplicate.
-    from tasks.load import LoadResult, commit_chunks
+    from store.commit import LoadResult, commit_chunks
 
     db = lancedb.connect(str(tmp_path / "db"))
     db.create_table("chunks", _chunk_rows([("d1", "a"), ("d1", "b"), ("d2", "c")], "run-1"))
@@ -139,8 +139,8 @@ def test_a_chunk_commit_replaces_the_documents_chunks_and_clears_what_a_killed_r
 
 
 def test_a_keyed_upsert_deletes_only_ids_the_table_holds_and_commits_nothing_for_none(tmp_path):
-    from tasks.load import upsert_keyed
-    from tasks.store import connect, open_table
+    from store.commit import upsert_keyed
+    from store.tables import connect, open_table
 
     schema = pa.schema([pa.field("doc_id", pa.string()), pa.field("reason", pa.string())])
     db = connect(tmp_path / "db")
@@ -159,7 +159,7 @@ def test_a_keyed_upsert_deletes_only_ids_the_table_holds_and_commits_nothing_for
 
 
 def test_a_kept_connection_opens_what_another_connection_committed_since(tmp_path):
-    import tasks.store as store
+    import store.tables as store
 
     uri = str(tmp_path / "kept")
     db = store.connect(uri)

@@ -10,7 +10,7 @@ import pytest
 
 from schemas.arrow import embedded_chunks_schema
 from tasks import uncommitted
-from tasks.artifacts import use_storage_options, write_artifact
+from runtime.artifacts import use_storage_options, write_artifact
 from tests.conftest import bucket_store
 
 SCHEMA = embedded_chunks_schema(2)

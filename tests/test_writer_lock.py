@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from schemas.errors import StoreBusyError, StoreError
-from tasks.store import WRITER_INFO, writer_lock
+from store.tables import WRITER_INFO, writer_lock
 from tests.gemini_server import Faults, GeminiServer
 
 ROOT = Path(__file__).resolve().parent.parent
-HOLD = "from tasks.store import writer_lock; import sys, time\nwith writer_lock(sys.argv[1], 'holder-run'):\n" \
+HOLD = "from store.tables import writer_lock; import sys, time\nwith writer_lock(sys.argv[1], 'holder-run'):\n" \
        "    print('held', flush=True); time.sleep(float(sys.argv[2]))\n"
 
 

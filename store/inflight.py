@@ -16,7 +16,7 @@ import json
 import uuid
 
 from schemas.errors import StoreError
-from tasks.artifacts import join, list_names, read_bytes, remove, write_bytes
+from runtime.artifacts import join, list_names, read_bytes, remove, write_bytes
 
 FOLDER = "inflight"
 
@@ -50,7 +50,7 @@ def left(where: str) -> dict[str, list[str]]:
     found = {}
     for name in sorted(list_names(where)):
         if not name.endswith(".json"):
-            continue  # a write still aside (tasks/artifacts.py write_bytes)
+            continue  # a write still aside (runtime/artifacts.py write_bytes)
         path = join(where, name)
         try:
             ids = json.loads(read_bytes(path))

@@ -13,7 +13,7 @@ class Stage:
     """A stage function that becomes its Prefect task on first call.
 
     Modules holding stages then import without Prefect (~1 s): the worker processes of the CPU pool
-    (tasks/cpu.py) load them for their pure functions and never run a stage.
+    (runtime/cpu.py) load them for their pure functions and never run a stage.
     """
 
     def __init__(self, fn: Callable[..., Any], name: str) -> None:

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from schemas.arrow import EXTRACTED_SCHEMA
 from schemas.errors import UNEXPECTED, DocumentFailure, ExtractionError, InletError, SystemicFailureError
-from tasks.artifacts import read_artifact, write_artifact
+from runtime.artifacts import read_artifact, write_artifact
 
 T = TypeVar("T")
 R = TypeVar("R")

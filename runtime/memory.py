@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -26,7 +27,7 @@ def _libc() -> ctypes.CDLL | None:
 
 
 @functools.cache
-def _malloc_trim() -> ctypes._CFuncPtr | None:
+def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None under another C library (musl, macOS), which has no such call."""
     libc = _libc()
     return getattr(libc, "malloc_trim", None) if libc is not None else None

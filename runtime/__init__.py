@@ -1,0 +1,1 @@
+"""Plumbing the stages run on: artifacts, process pools, progress, failpoints, memory, the stage wrapper, isolation."""

@@ -1,0 +1,442 @@
+"""Commits to LanceDB in their crash-safe order: chunks, then quarantine rows, then documents rows (the marker).
+
+Also the rows each table gets (pure functions over Arrow tables), index upkeep, and publishing to readers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import lancedb
+import pyarrow as pa
+import pyarrow.compute as pc
+from lancedb.index import FTS, Bitmap, BTree, HnswSq
+
+from runtime.failpoints import failpoint
+from runtime.memory import release_memory
+from schemas.arrow import (
+    DOCUMENT_ROWS_SCHEMA,
+    ENRICHMENT_PENDING,
+    PUBLISHED_TAG,
+    QUARANTINE_SCHEMA,
+    Change,
+    chunk_rows_schema,
+    conform,
+    failed_mask,
+)
+from schemas.errors import INVALID, EmbedderMismatchError
+from store import inflight
+from store.tables import (
+    DOCUMENTS,
+    IN_BATCH,
+    QUARANTINE,
+    ensure_columns,
+    known_documents,
+    open_table,
+    select_where_in,
+    sql_list,
+    tagged_version,
+)
+
+_DOC_FIELDS = ["source", "title", "uri", "doc_type", "tags", "access_level", "language", "extra", "expires_at"]
+
+
+@dataclass
+class LoadResult:
+    """What the upsert changed."""
+
+    chunks_added: int = 0
+    chunks_removed: int = 0
+    chunks_reused: int = 0
+    chunks_written: int = 0
+    docs_quarantined: int = 0
+    versions: dict[str, int] = field(default_factory=dict)
+    indexes: dict[str, dict[str, int]] = field(default_factory=dict)  # per index: indexed and unindexed rows
+
+
+# --- pure: build the rows to commit ----------------------------------------------------------
+
+
+_OWN_METADATA = ("language", "tags", "extra", "access_level", "expires_at")
+
+
+def with_own_metadata(documents: pa.Table, extracted: pa.Table) -> pa.Table:
+    """Put each extracted document's own metadata (front matter, detected language, access) over its listing's."""
+    own = {r["doc_id"]: r for r in extracted.select(["doc_id", *_OWN_METADATA]).to_pylist()}
+    if not any(r[k] is not None for r in own.values() for k in _OWN_METADATA):
+        return documents
+    doc_ids = documents["doc_id"].to_pylist()
+    for name in _OWN_METADATA:
+        old = documents[name].to_pylist()
+        new = [own[d][name] if d in own and own[d][name] is not None else o for d, o in zip(doc_ids, old)]
+        documents = documents.set_column(documents.schema.get_field_index(name), name,
+                                         pa.array(new, documents.schema.field(name).type))
+    return documents
+
+
+def withdraws(row: dict) -> bool:
+    """Tell whether an extracted row takes its document's indexed chunks out of search.
+
+    A document that now declares an access level or expiry Inlet cannot read: nobody can say who may read
+    its last good version any longer, so it is withdrawn (older table versions keep it) until it is fixed.
+    """
+    return row["status"] == "quarantined" and row["reason"] == INVALID and row["stage"] == "extract"
+
+
+def chunk_rows(embedded: pa.Table, documents: pa.Table, extracted: pa.Table, run_id: str, dim: int) -> pa.Table:
+    """Join each embedded chunk with its document's filter fields and the run id."""
+    position = {d: i for i, d in enumerate(documents["doc_id"].to_pylist())}
+    title_of = dict(zip(extracted["doc_id"].to_pylist(), extracted["title"].to_pylist()))
+    doc_ids = embedded["doc_id"].to_pylist()
+    take = pa.array([position[d] for d in doc_ids], pa.int64())
+    rows = embedded
+    for name in _DOC_FIELDS:
+        column = pa.array([title_of.get(d) for d in doc_ids], pa.string()) if name == "title" else documents[name].take(take)
+        rows = rows.append_column(name, column)
+    rows = rows.append_column("run_id", pa.array([run_id] * rows.num_rows, pa.string()))
+    return conform(rows, chunk_rows_schema(dim))
+
+
+def document_rows(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, known: pa.Table,
+                  settings_fp: str, run_id: str, now: datetime) -> pa.Table:
+    """Build document rows for processed, quarantined and touched documents."""
+    done = {r["doc_id"]: r for r in extracted.to_pylist()}
+    pending = set(embedded.filter(failed_mask(embedded))["doc_id"].to_pylist()) if embedded.num_rows else set()
+    totals = pc.value_counts(embedded["doc_id"]).to_pylist() if embedded.num_rows else []
+    chunk_counts = {t["values"]: t["counts"] for t in totals}
+    # Only this group's rows of the store's documents: the whole table grows with the corpus, the group does not.
+    mine = known.filter(pc.is_in(known["doc_id"], value_set=documents["doc_id"].combine_chunks()))
+    old = {r["doc_id"]: r for r in mine.to_pylist()}
+    rows = []
+    for doc in documents.to_pylist():
+        prev = old.get(doc["doc_id"], {})
+        ext = done.get(doc["doc_id"])
+        if ext is None and not (doc["change"] == Change.UNCHANGED and doc["reason"] == "touched"):
+            continue
+        row = {k: doc[k] for k in DOCUMENT_ROWS_SCHEMA.names if k in doc}
+        row |= {"first_run_id": prev.get("first_run_id") or run_id, "last_run_id": run_id, "updated_at": now}
+        if ext is None:  # bytes unchanged, mtime moved: remember the new mtime so we skip hashing next time
+            row |= {k: prev[k] for k in ("title", "content_hash", "settings_fp", "status", "error", "total_chunks",
+                                         *_OWN_METADATA)}
+        elif ext["status"] == "ok":
+            fp = settings_fp + (ENRICHMENT_PENDING if doc["doc_id"] in pending else "")
+            row |= {"title": ext["title"], "content_hash": ext["content_hash"], "settings_fp": fp,
+                    "status": "ok", "error": None, "total_chunks": chunk_counts.get(doc["doc_id"], 0)}
+        else:  # quarantined: the chunks of its last good version stay searchable, unless withdrawn
+            row |= {"title": prev.get("title"), "content_hash": ext["content_hash"], "settings_fp": settings_fp,
+                    "status": "quarantined", "error": f"{ext['reason']}: {ext['message']}",
+                    "total_chunks": 0 if withdraws(ext) else prev.get("total_chunks") or 0}
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=DOCUMENT_ROWS_SCHEMA)
+
+
+def quarantine_rows(documents: pa.Table, extracted: pa.Table, run_id: str, now: datetime,
+                    previous: pa.Table | None = None) -> pa.Table:
+    """Build quarantine rows for documents that failed in this run.
+
+    previous: the stored quarantine rows of these documents; a document still quarantined keeps its `since`
+    and counts one more attempt (a row of an older Inlet, without them, counts as its first).
+    """
+    by_id = {r["doc_id"]: r for r in documents.to_pylist()}
+    before = {r["doc_id"]: r for r in previous.to_pylist()} if previous is not None else {}
+    rows = []
+    for e in extracted.to_pylist():
+        if e["status"] != "quarantined":
+            continue
+        old = before.get(e["doc_id"])
+        since = now if old is None else (old.get("since") or old["at"])
+        attempts = 1 if old is None else (old.get("attempts") or 1) + (old["run_id"] != run_id)
+        rows.append({"doc_id": e["doc_id"], "source": by_id[e["doc_id"]]["source"], "uri": by_id[e["doc_id"]]["uri"],
+                     "stage": e["stage"] or "extract", "reason": e["reason"], "message": e["message"],
+                     "content_hash": e["content_hash"], "run_id": run_id, "at": now, "since": since,
+                     "attempts": attempts})
+    return pa.Table.from_pylist(rows, schema=QUARANTINE_SCHEMA)
+
+
+def stored_quarantine(db: lancedb.DBConnection, doc_ids: list[str], name: str = QUARANTINE) -> pa.Table | None:
+    """Return the quarantine rows the store holds for doc_ids (None when there are none to look for)."""
+    table = open_table(db, name) if doc_ids else None
+    if table is None:
+        return None
+    ensure_columns(table, QUARANTINE_SCHEMA)
+    return select_where_in(table, "doc_id", doc_ids, QUARANTINE_SCHEMA.names, QUARANTINE_SCHEMA)
+
+
+# --- commits ----------------------------------------------------------------------------------
+
+
+def _check_vectors(table: lancedb.table.Table, dim: int) -> None:
+    field_type = table.schema.field("vector").type
+    if getattr(field_type, "list_size", dim) != dim:
+        msg = (f"table '{table.name}' holds {field_type.list_size}-dim vectors but this config embeds {dim}-dim: "
+               "set store.chunks_table to a new name or delete the old table")
+        raise EmbedderMismatchError(msg)
+
+
+def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | pa.RecordBatchReader, scope: list[str],
+                  dim: int, result: LoadResult, num_rows: int | None = None, new_ids: list[str] | None = None, *,
+                  run_id: str) -> int:
+    """Append rows (all written by run_id), then delete the scoped documents' older chunks; count into result.
+
+    rows may be a reader (num_rows and new_ids, the rows' chunk ids, given): LanceDB then takes the
+    batches as they come, without a concatenated copy of the whole group in memory.
+    """
+    num_rows = rows.num_rows if num_rows is None else num_rows
+    table = open_table(db, name)
+    if table is None:
+        table = db.create_table(name, rows if num_rows else chunk_rows_schema(dim).empty_table(),
+                                schema=chunk_rows_schema(dim))
+        result.chunks_added = result.chunks_written = num_rows
+        return table.version
+    _check_vectors(table, dim)
+    ensure_columns(table, chunk_rows_schema(dim))
+    if not scope:
+        return table.version
+    # What the scoped documents hold now, also those without a documents row: a run killed between its
+    # chunk and documents commits leaves such chunks.
+    stored = select_where_in(table, "doc_id", scope, ["doc_id", "chunk_id"], chunk_rows_schema(dim))
+    new_ids = set(rows["chunk_id"].to_pylist() if new_ids is None else new_ids)
+    old_ids = stored["chunk_id"].to_pylist()
+    # A chunk id names a doc id and a text: one kept across the edit is a chunk whose vector came from the cache.
+    result.chunks_reused = len(new_ids.intersection(old_ids))
+    result.chunks_added = num_rows - result.chunks_reused
+    result.chunks_written = num_rows
+    result.chunks_removed = sum(1 for i in old_ids if i not in new_ids)
+    if num_rows:
+        table.add(rows)
+    failpoint("chunks-written")
+    if stored.num_rows:
+        # An append and a delete, not a merge on chunk_id: a merge joins the rows against the whole table (a
+        # 1% run's commit 29 ms against 9 ms here, on the bench's 11k rows; bench/README.md). Every row this run
+        # wrote carries its run id, so the older rows are the rest. A crash between the two leaves both
+        # beside each other; the documents rows still carry the old hashes, so the next run does these
+        # documents again (their vectors now stored) and deletes the older rows then.
+        where = f"doc_id IN ({sql_list(sorted(set(stored['doc_id'].to_pylist())))})"
+        table.delete(f"{where} AND run_id != {sql_list([run_id])}")
+    return table.version
+
+
+def upsert_keyed(db: lancedb.DBConnection, name: str, key: str, rows: pa.Table, schema: pa.Schema,
+                 delete_ids: list[str], *, held: bool = False) -> int | None:
+    """Upsert rows by key and delete delete_ids in one commit, creating the table if needed; return its version.
+
+    held: the caller knows the table holds every id of delete_ids (else they are looked up first).
+    """
+    table = open_table(db, name)
+    if table is None:
+        if rows.num_rows == 0:
+            return None
+        return db.create_table(name, conform(rows, schema), schema=schema).version
+    ensure_columns(table, schema)
+    if delete_ids and not held:
+        # Only ids the table holds: a delete that matches nothing would still cost a commit. A count first, one
+        # round trip: most runs have none of them (the quarantine list is mostly empty), and a select is ~4 ms.
+        where = f"{key} IN ({sql_list(delete_ids)})"
+        present = (select_where_in(table, key, delete_ids, [key], schema)[key].to_pylist()
+                   if len(delete_ids) > IN_BATCH or table.count_rows(where) else [])
+        delete_ids = present
+    if delete_ids:
+        upserted = set(rows[key].to_pylist())
+        delete_ids = [i for i in delete_ids if i not in upserted]
+    if rows.num_rows == 0 and not delete_ids:
+        return table.version
+    if rows.num_rows == 0:
+        table.delete(f"{key} IN ({sql_list(delete_ids)})")
+        return table.version
+    merge = table.merge_insert(key).when_matched_update_all().when_not_matched_insert_all()
+    if delete_ids:
+        merge = merge.when_not_matched_by_source_delete(f"{key} IN ({sql_list(delete_ids)})")
+    return merge.execute(conform(rows, schema)).version
+
+
+def commit_documents(db: lancedb.DBConnection, rows: pa.Table, deleted: list[str], name: str = DOCUMENTS) -> int | None:
+    """Write document rows: the content hash in them marks their chunks as committed."""
+    # Deleted documents are the stored ones a run no longer finds: the table holds them (one writer at a time).
+    return upsert_keyed(db, name, "doc_id", rows, DOCUMENT_ROWS_SCHEMA, deleted, held=True)
+
+
+# Rows added after the full-text index was built are still found (searched without the index);
+# past this many, the index is brought up to date so searches stay fast.
+MAX_UNINDEXED = 5_000
+# Each fold adds a small delta segment to every index; past this many deltas, a fold merges them (never
+# into the base segment built over the whole table: that is the maintenance flow's work).
+MAX_DELTAS = 8
+
+
+def _unindexed(table: lancedb.table.Table, column: str) -> tuple[str | None, int, int]:
+    index = next((i for i in table.list_indices() if list(i.columns) == [column]), None)
+    if index is None:
+        return None, 0, 0
+    stats = table.index_stats(index.name)
+    return index.name, stats.num_indexed_rows, stats.num_unindexed_rows
+
+
+def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows: int,
+                    merge: bool = False) -> dict[str, dict[str, int]]:
+    """Create the full-text index and, past ann_min_rows, the ANN vector index; fold new rows in; return coverage.
+
+    merge (maintenance): also merge every index's segments into one, however few rows wait.
+    """
+    rows = table.count_rows()
+    if rows == 0:
+        return {}
+    # One look at the indexes serves the checks below; it is taken again only after something was built or folded.
+    coverage = index_coverage(table)
+    # The builds are a run's largest allocations (at 864k rows the vector index adds ~680 MB, the full-text one
+    # less): the larger first, each after freed pages have gone back to the system (bench/README.md, 100k).
+    if rows >= ann_min_rows and "vector" not in coverage:
+        release_memory()
+        # HNSW graphs inside IVF partitions with 8-bit scalar quantisation: high recall without a refine step.
+        # About 4,000 rows a partition: at 1M rows, 256 partitions gave recall@10 0.95 and built in 2.4 min,
+        # where the library's default (sqrt(rows), 1,000) took 13.5 min.
+        table.create_index("vector", config=HnswSq(distance_type="cosine", num_partitions=max(1, rows // 4096)),
+                           replace=True)
+        # Every search prefilters on clearance and expiry: scalar indexes keep that from scanning the table.
+        table.create_index("access_level", config=Bitmap(), replace=True)
+        table.create_index("expires_at", config=BTree(), replace=True)
+        coverage = index_coverage(table)
+    if fulltext and "fulltext" not in coverage:
+        _create_fulltext(table)
+        coverage = index_coverage(table)
+    waiting = any(c["unindexed"] > (0 if merge else MAX_UNINDEXED) for c in coverage.values())
+    if waiting or (merge and any(len(i.segments) > 1 for i in table.to_lance().describe_indices())):
+        fold_in(table, merge_all=merge)
+        coverage = index_coverage(table)
+    return coverage
+
+
+def fold_in(table: lancedb.table.Table, *, merge_all: bool = False) -> None:
+    """Add the unindexed rows to every index of table: as a new delta segment, or merged into one (merge_all).
+
+    Not LanceDB's optimize(): that also compacts the table, which rewrites every small fragment, so the first
+    run to pass MAX_UNINDEXED after a 100k-document cold build took 156 s and 2.7 GB to fold in 8,589 rows
+    (a delta: 0.5 s). Lance's own API folds without compacting; old versions stay for as_of.
+    """
+    release_memory()
+    by_merge: dict[int, list[str]] = {}  # indexes folded alike go in one call: one table version, not one each
+    for index in table.to_lance().describe_indices():
+        deltas = len(index.segments) - 1
+        by_merge.setdefault(deltas + 1 if merge_all else (deltas if deltas >= MAX_DELTAS else 0), []).append(index.name)
+    for merge, names in sorted(by_merge.items()):
+        # to_lance() opens the version this handle is on: each fold commits one, so move the handle after it.
+        table.to_lance().optimize.optimize_indices(index_names=names, num_indices_to_merge=merge)
+        table.checkout_latest()
+
+
+def _create_fulltext(table: lancedb.table.Table) -> None:
+    release_memory()
+    table.create_index("text", config=FTS(with_position=False), replace=True)
+
+
+def index_coverage(table: lancedb.table.Table) -> dict[str, dict[str, int]]:
+    """Indexed and unindexed rows of the full-text and vector indexes that exist (one listing of the indexes)."""
+    indices = table.list_indices()
+    coverage = {}
+    for name, column in (("fulltext", "text"), ("vector", "vector")):
+        index = next((i for i in indices if list(i.columns) == [column]), None)
+        if index is not None:
+            stats = table.index_stats(index.name)
+            coverage[name] = {"indexed": stats.num_indexed_rows, "unindexed": stats.num_unindexed_rows}
+    return coverage
+
+
+def tag_version(table: lancedb.table.Table, tag: str) -> None:
+    """Tag the table's current version (no-op if the tag exists)."""
+    if tagged_version(table, tag) is None:
+        table.tags.create(tag, table.version)
+
+
+def _ids(table: pa.Table, mask: pa.ChunkedArray) -> list[str]:
+    return table.filter(mask)["doc_id"].to_pylist()
+
+
+def _chunk_reader(parts: Iterable[pa.Table], documents: pa.Table, extracted: pa.Table, run_id: str,
+                  dim: int) -> pa.RecordBatchReader:
+    """Stream chunk rows batch by batch: each embedded part joined with its documents' fields as it is read."""
+    schema = chunk_rows_schema(dim)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for part in parts:
+            if part.num_rows:
+                yield from chunk_rows(part, documents, extracted, run_id, dim).to_batches()
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extracted: pa.Table,
+                 embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime,
+                 documents_table: str = DOCUMENTS, quarantine_table: str = QUARANTINE,
+                 parts: Callable[[], Iterable[pa.Table]] | None = None,
+                 known: pa.Table | None = None, inflight_dir: str | None = None) -> LoadResult:
+    """Commit one group of batches: chunks, then quarantine rows, then their documents' rows (the commit marker).
+
+    documents holds the rows this group settles: the batches' documents, and in a run's last group the
+    deleted and touched ones too. A crash between two commits leaves chunks whose document row still
+    carries the old hash: the next run does those documents again and converges.
+
+    known: the documents table as the run read it under the writer lock (read here if None). Its rows of this
+    group's documents are still current: each document is in one group, and no other writer runs.
+    inflight_dir: where the group leaves its marker from before the chunk commit to after the documents commit
+    (store/inflight.py), so that a next run redoes these documents even if their files went back to old bytes.
+    """
+    known = known_documents(db, documents_table) if known is None else known
+    documents = with_own_metadata(documents, extracted)
+    ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
+    deleted = _ids(documents, pc.equal(documents["change"], Change.DELETED))
+    # Withdrawn documents lose their chunks as deleted ones do; their documents and quarantine rows stay.
+    withdrawn = [r["doc_id"] for r in extracted.select(["doc_id", "status", "reason", "stage"]).to_pylist()
+                 if withdraws(r)]
+    scope = ok + deleted + withdrawn  # the documents whose chunks this group replaces
+    result = LoadResult()
+    marker = inflight.mark(inflight_dir, run_id, scope) if inflight_dir and scope else None
+    if parts is None:  # embedded holds every column
+        chunks_version = commit_chunks(db, chunks_table, chunk_rows(embedded, documents, extracted, run_id, dim),
+                                       scope, dim, result, run_id=run_id)
+    else:  # embedded holds chunk and doc ids and enrichment keys only; the rows come from parts, streamed
+        chunks_version = commit_chunks(db, chunks_table, _chunk_reader(parts(), documents, extracted, run_id, dim),
+                                       scope, dim, result, num_rows=embedded.num_rows,
+                                       new_ids=embedded["chunk_id"].to_pylist(), run_id=run_id)
+    failpoint("chunks-committed")
+    # Quarantine rows before the documents rows: those are what tells the next run that this group's documents
+    # are done. Committed after them, a kill in between left the list behind for good: a fixed document still
+    # listed, a newly failed one missing (its documents row already held its hash, so no run did it again).
+    failed = _ids(extracted, pc.equal(extracted["status"], "quarantined"))
+    quarantined = quarantine_rows(documents, extracted, run_id, now, stored_quarantine(db, failed, quarantine_table))
+    result.docs_quarantined = quarantined.num_rows
+    q_version = upsert_keyed(db, quarantine_table, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
+    failpoint("quarantine-committed")
+    doc_rows = document_rows(documents, extracted, embedded, known, settings_fp, run_id, now)
+    docs_version = commit_documents(db, doc_rows, deleted, documents_table)
+    failpoint("documents-committed")
+    if marker is not None:
+        inflight.done(marker)
+    result.versions = {k: v for k, v in {chunks_table: chunks_version, documents_table: docs_version,
+                                         quarantine_table: q_version}.items() if v is not None}
+    return result
+
+
+def publish(table: lancedb.table.Table, run_id: str) -> None:
+    """Tag the table's current version with the run id and point readers at it (the published tag)."""
+    tag_version(table, run_id)
+    if tagged_version(table, PUBLISHED_TAG) is None:
+        table.tags.create(PUBLISHED_TAG, table.version)
+    else:
+        table.tags.update(PUBLISHED_TAG, table.version)
+
+
+def published_current(table: lancedb.table.Table, *, fulltext: bool) -> bool:
+    """Tell whether readers already see the table's latest version with the indexes the config asks for."""
+    if tagged_version(table, PUBLISHED_TAG) != table.version:
+        return False  # new rows, or a run that committed and stopped before publishing
+    return not fulltext or _unindexed(table, "text")[0] is not None or table.count_rows() == 0
+
+
+def _settled(documents: pa.Table, ids: list[str], last: bool) -> pa.Table:
+    """The documents rows a commit group settles: its batches' documents, plus deleted and touched ones at the end."""
+    mask = pc.is_in(documents["doc_id"], pa.array(ids, pa.string()))
+    if last:
+        touched = pc.and_(pc.equal(documents["change"], Change.UNCHANGED), pc.equal(documents["reason"], "touched"))
+        mask = pc.or_(pc.or_(mask, pc.equal(documents["change"], Change.DELETED)), pc.fill_null(touched, False))
+    return documents.filter(mask)
