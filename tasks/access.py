@@ -1,6 +1,6 @@
 """A document's own access level and expiry: read from what it declares, checked, held to its source's floor.
 
-Where a document may declare them (README "Access level and expiry"):
+Where a document may declare them (docs/configuration.md, "Access level and expiry"):
 - Markdown front matter: `access_level`, and `expires_at`, `expires`, `expiration` or `expiry_date`;
 - HTML: `<meta name="access-level" content="...">` and `<meta name="expires" content="...">` (any of the
   names above, with - or _); `<meta http-equiv="expires">` is an HTTP caching hint and is not read;

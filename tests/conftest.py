@@ -138,3 +138,15 @@ def run_artifact(run_dir: Path, name: str) -> pa.Table:
     """Concatenate one stage's artifact over a run's batches (an empty table when the run had no batch)."""
     files = sorted(run_dir.glob(f"batches/*/{name}.parquet"))
     return pa.concat_tables([pq.read_table(f) for f in files]) if files else pa.table({"doc_id": pa.array([], pa.string())})
+
+
+# Tests that run the flow, a Prefect server, an object store or a Gemini-protocol server: `make test-fast` leaves
+# them out (pytest -m "not flow and not slow") and runs the pure stage tests in under a minute.
+_FLOW_FIXTURES = {"prefect_harness", "server", "s3", "zygote"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that needs one of the servers above, or runs a subprocess of the flow, as `flow`."""
+    for item in items:
+        if _FLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.flow)

@@ -128,6 +128,7 @@ def test_docx_custom_properties_and_a_category_that_names_a_level_declare_others
         docx_metadata(_docx(OPEN, custom={"Access Level": "top"}))
 
 
+@pytest.mark.slow
 def test_real_documents_with_other_custom_properties_are_not_declarations(shared_corpora):
     # Word files written by others: custom dates, strings, sensitivity labels, SharePoint fields.
     names = ("testWORD_custom_props.docx", "testWORD_docSecurity.docx", "testWORD_null_style.docx",

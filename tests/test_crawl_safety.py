@@ -91,6 +91,7 @@ def test_guard_holds_failed_empty_and_shrunken_listings():
     assert held_deletions(_listing(), _listing(), {"s": "folder gone"}, shares) == {}, "nothing to lose"
 
 
+@pytest.mark.slow
 def test_a_document_past_the_time_limit_is_quarantined_and_the_run_goes_on(shared_corpora, tmp_path):
     book = shared_corpora / "text" / "unstructured" / "book-war-and-peace-1225p.txt"  # ~5 s to partition here
     small = tmp_path / "note.txt"

@@ -231,6 +231,7 @@ def test_text_without_a_letter_or_digit_is_quarantined_as_empty(tmp_path, name, 
     assert caught.value.reason == "empty"
 
 
+@pytest.mark.slow
 def test_extraction_workers_outlive_a_run_and_are_replaced_for_another_config():
     # Workers take seconds to import the partitioners: later runs in the same process reuse them.
     report = str(SAMPLE / "reports" / "regatta-report-2025.pdf")

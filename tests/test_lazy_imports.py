@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 import textwrap
@@ -10,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_the_ingest_flow_imports_without_the_model_libraries_a_run_may_not_use():
     # ~0.4 s (google-genai) and ~0.1 s (yake, networkx) of every run's start-up; they load when a run uses them.
     probe = textwrap.dedent("""

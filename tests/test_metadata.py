@@ -81,6 +81,7 @@ def test_a_rule_that_is_not_a_regular_expression_is_a_config_error(tmp_path):
         load_config(path)
 
 
+@pytest.mark.slow
 def test_page_language_from_html_lang_and_from_detection(shared_corpora):
     pages = sorted((shared_corpora / "html" / "readability-test-pages").glob("*.html"))
     expected_dir = shared_corpora / "html" / "_meta" / "readability-expected-metadata"

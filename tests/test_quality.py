@@ -135,6 +135,7 @@ def test_the_config_knows_every_check_the_suites_run():
     assert {a: tuple(c.name for c in checks) for a, checks in CHUNKS.items()} == QUALITY_CHECKS
 
 
+@pytest.mark.slow
 def test_the_flow_loads_great_expectations_only_when_a_batch_is_validated():
     # GX takes seconds to import; a no-op run (nothing changed, no batch) should not pay them at start-up.
     import subprocess
@@ -147,6 +148,7 @@ def test_the_flow_loads_great_expectations_only_when_a_batch_is_validated():
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_validating_leaves_great_expectations_and_the_libraries_beside_it_as_they_are():
     # Public APIs only: GX's own expectation classes and metric ids, tqdm's defaults, no import finder or module
     # stand-in of Inlet's around GX's import (scipy.stats and altair are the real modules), the collector untouched.

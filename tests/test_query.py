@@ -20,6 +20,7 @@ def test_raw_sql_and_none_pass_through():
     assert where_clause(None) is None
 
 
+@pytest.mark.slow
 def test_embedder_is_rebuilt_from_table_fingerprint():
     cfg = EmbeddingConfig()
     assert isinstance(query_embedder("hashing-v1:dim=16", cfg), HashingEmbedder)
