@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import providers  # noqa: E402,F401 - offline switches first
-from providers.types import EnrichInput  # noqa: E402
 from providers.gemini import GeminiEmbedder  # noqa: E402
 from providers.gemini_enricher import GeminiEnricher, load_prompt  # noqa: E402
+from providers.types import EnrichInput  # noqa: E402
 from tests.gemini_server import Faults, GeminiServer  # noqa: E402
 
 CORPUS = ROOT.parent / "shared" / "corpora" / "markdown"

@@ -15,9 +15,9 @@ from prefect.artifacts import create_table_artifact
 from flows.ingest import DEFAULT_CONFIG, ingest
 from query.metrics import mean_metrics
 from query.search import fuse, search
+from runtime.stage import stage
 from schemas.config import load_config
 from schemas.errors import ConfigError
-from runtime.stage import stage
 
 MODES = ("vector", "fulltext", "hybrid")
 EVAL_SOURCE = "eval"

@@ -17,12 +17,26 @@ from flows.runners import make_task_runner
 from providers.embedders import embedder_spec, resolve_embedding
 from providers.enrichers import resolve_enrichment
 from providers.keys import use_secret_block
+from runtime.artifacts import is_remote, join, read_artifact, use_storage_options
+from runtime.clock import Stopwatch
+from runtime.cpu import close_cpu_pool, default_workers, start_cpu_pool, worth_a_pool
+from runtime.failpoints import failpoint
+from runtime.isolate import Breaker
+from runtime.memory import release_memory
+from runtime.progress import stage_progress
+from runtime.stage import opaque_value
 from schemas.arrow import DOCUMENTS_SCHEMA, WORK, Change
 from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig, load_config
 from schemas.errors import ConfigError
 from store import inflight
+from store.tables import (
+    connect,
+    is_remote_store,
+    known_documents,
+    use_store_options,
+    writer_lock,
+)
 from tasks import uncommitted
-from runtime.artifacts import is_remote, join, read_artifact, use_storage_options
 from tasks.batch import (
     IndexPlan,
     batch_bytes,
@@ -32,40 +46,13 @@ from tasks.batch import (
     plan_batches,
     write_batch_documents,
 )
-from runtime.cpu import close_cpu_pool, default_workers, start_cpu_pool, worth_a_pool
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
-from runtime.failpoints import failpoint
-from runtime.isolate import Breaker
 from tasks.load import Writer
-from runtime.memory import release_memory
-from runtime.progress import stage_progress
 from tasks.report import report_stage
-from runtime.stage import opaque_value
-from store.tables import (
-    connect,
-    is_remote_store,
-    known_documents,
-    use_store_options,
-    writer_lock,
-)
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
-
-
-class _StageClock:
-    """Seconds per stage, in the order they ran."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    def run(self, name: str, fn, *args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            self.seconds[name] = round(time.perf_counter() - start, 3)
 
 
 def unpriced_models(cfg: InletConfig) -> list[str]:
@@ -107,7 +94,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     use_store_options(cfg.store.uri, cfg.store.options)
     run_dir = join(cfg.store.artifacts, run_id)
     store = cfg.store.uri
-    clock = _StageClock()
+    clock = Stopwatch()
     variants = []
     for name, vcfg in cfg.all_variants():
         embedding, key_notice = resolve_embedding(vcfg.embedding)
@@ -173,12 +160,12 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
             loaded = writer.finish(fulltext_index=cfg_i.query.fulltext_index, ann_min_rows=cfg_i.query.ann_min_rows)
             if markers:  # what killed runs left, now committed again
                 inflight.settle(markers, worked_ids(read_artifact(documents, DOCUMENTS_SCHEMA)))
-            clock.seconds.update({k + _suffix(plan): round(v, 3) for k, v in writer.seconds.items()})
+            clock.seconds.update({k + _suffix(plan): v for k, v in writer.clock.seconds.items()})
             key = "ingest-run-summary" + ("" if plan.name is None else f"-{plan.name}")
             summaries.append(report_stage(
                 documents, work["extracted"], work["texts"], loaded, usage=work["usage"], store_uri=store,
                 run_id=run_id, started=started, finished=datetime.now(UTC), config_fp=cfg_i.fingerprint(),
-                stage_seconds=dict(clock.seconds), notices=[*notices, *done["notices"]], run_dir=plan.run_dir,
+                stage_seconds=clock.rounded(), notices=[*notices, *done["notices"]], run_dir=plan.run_dir,
                 runs_table=cfg_i.store.runs_table, validation=work["validation"], artifact_key=key))
         summary = summaries[0]
         if len(summaries) > 1:
@@ -246,18 +233,18 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
             # In batch order, so that commits (and what a crash leaves) do not depend on which worker was first.
             for n, future in enumerate(futures):
                 done = future.result()
-                breaker.observe(len(batches[n]), [e for result in done["indexes"] for e in result["errors"]])
+                breaker.observe(len(batches[n]), [e for work in done.indexes for e in work.errors])
                 breaker.check()  # before this batch reaches a writer
                 hold = breaker.undecided()
-                for writer, total, result in zip(writers, totals["indexes"], done["indexes"]):
-                    writer.add(result, hold=hold)
-                    total["extracted"].append(result["extracted"])
-                    total["texts"] = merge_usage(total["texts"], result["texts"])
-                    total["usage"] = merge_usage(total["usage"], result["usage"])
-                    total["validation"] = merge_validation(total["validation"], result["validation"])
-                totals["notices"].extend(x for x in done["notices"] if x not in totals["notices"])
-                totals["seconds"] = merge_usage(totals["seconds"], done["seconds"])
-                spans.append(done["span"])
+                for writer, total, work in zip(writers, totals["indexes"], done.indexes):
+                    writer.add(work, hold=hold)
+                    total["extracted"].append(work.extracted)
+                    total["texts"] = merge_usage(total["texts"], work.texts)
+                    total["usage"] = merge_usage(total["usage"], work.usage)
+                    total["validation"] = merge_validation(total["validation"], work.validation)
+                totals["notices"].extend(x for x in done.notices if x not in totals["notices"])
+                totals["seconds"] = merge_usage(totals["seconds"], done.seconds)
+                spans.append(done.span)
                 advance(len(batches[n]))
                 release_memory()
     finally:

@@ -11,6 +11,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from providers.embedders import embedder_spec
 from schemas.config import InletConfig, load_config
+from store.tables import use_store_options, writer_lock
 from tasks.maintain import (
     CHECKS,
     compact_stage,
@@ -20,7 +21,6 @@ from tasks.maintain import (
     repair_stage,
     republish,
 )
-from store.tables import use_store_options, writer_lock
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 

@@ -68,8 +68,8 @@ def ingest(
     if quiet:  # read when Prefect is first imported, below
         os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
     from flows.ingest import ingest as ingest_flow
-    from schemas.config import load_config
     from runtime.progress import terminal_bars
+    from schemas.config import load_config
 
     try:
         load_config(config)  # fail on a bad config before Prefect starts

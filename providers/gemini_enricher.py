@@ -15,7 +15,6 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import BaseModel, ValidationError
 
-from providers.types import EnrichInput, Usage
 from providers.gemini_batch import (
     JobLedger,
     JobRecord,
@@ -26,6 +25,7 @@ from providers.gemini_batch import (
 )
 from providers.gemini_retry import TRANSPORT_ERRORS, Quota, Retrier
 from providers.tokenizer import count_tokens
+from providers.types import EnrichInput, Usage
 from schemas.errors import ConfigError
 from schemas.llm import ANSWERS, render_answer
 

@@ -15,9 +15,9 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from runtime.artifacts import read_artifact, write_artifact
 from schemas.arrow import EXTRACTED_SCHEMA
 from schemas.errors import UNEXPECTED, DocumentFailure, ExtractionError, InletError, SystemicFailureError
-from runtime.artifacts import read_artifact, write_artifact
 
 T = TypeVar("T")
 R = TypeVar("R")

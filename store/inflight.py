@@ -15,8 +15,8 @@ import hashlib
 import json
 import uuid
 
-from schemas.errors import StoreError
 from runtime.artifacts import join, list_names, read_bytes, remove, write_bytes
+from schemas.errors import StoreError
 
 FOLDER = "inflight"
 

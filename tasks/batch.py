@@ -15,6 +15,17 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from providers.embedders import embedder_spec
+from runtime.artifacts import (
+    batch_dir,
+    join,
+    read_artifact,
+    use_storage_options,
+    write_artifact,
+)
+from runtime.clock import Stopwatch
+from runtime.failpoints import failpoint
+from runtime.isolate import unexpected_errors
+from runtime.progress import quiet_stages
 from schemas.arrow import (
     DOCUMENTS_SCHEMA,
     EXTRACTED_SCHEMA,
@@ -24,24 +35,15 @@ from schemas.arrow import (
     embedded_chunks_schema,
 )
 from schemas.config import ExtractionConfig, InletConfig
-from runtime.artifacts import (
-    batch_dir,
-    join,
-    read_artifact,
-    use_storage_options,
-    write_artifact,
-)
+from schemas.errors import DocumentFailure
+from store.tables import use_store_options
 from tasks.chunk import chunk_stage
 from tasks.embed import embed_stage
 from tasks.enrich import enrich_stage
 from tasks.extract import extract_stage
-from runtime.failpoints import failpoint
-from runtime.isolate import unexpected_errors
-from runtime.progress import quiet_stages
 from tasks.quality import validate_stage
 from tasks.refresh import refresh_stage
 from tasks.report import text_counts
-from store.tables import use_store_options
 from tasks.variants import extraction_todo_stage, for_variant_stage
 
 _WORK = pa.array(WORK)
@@ -117,77 +119,90 @@ def write_batch_documents(per_index: list[pa.Table], plans: list[IndexPlan], bat
                            batch_dir(plan.run_dir, number), "documents", DOCUMENTS_SCHEMA)
 
 
-def _timed(seconds: dict[str, float], name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    start = time.perf_counter()
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+@dataclass(frozen=True)
+class IndexWork:
+    """One batch's work for one index, as the writer and the run summary take it."""
+
+    extracted: str  # the extracted artifact: every document of the batch, ok or quarantined
+    embedded: str  # the embedded chunks artifact: what the writer commits
+    rows: int  # its chunk rows
+    texts: dict[str, int]  # texts enriched, embedded, truncated, enrichment failed
+    usage: dict[str, float]  # model calls, tokens and dollars
+    validation: list[dict]  # the data-quality checks' outcomes
+    errors: list[DocumentFailure]  # documents quarantined for an unexpected error (the systemic breaker counts)
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What a batch task returns: its work per index, its notices, its seconds per stage and its wall-clock span."""
+
+    indexes: list[IndexWork]
+    notices: list[str]
+    seconds: dict[str, float]
+    span: tuple[float, float]
 
 
 def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, shared: bool,
-                 seconds: dict[str, float]) -> dict:
-    """Chunk, enrich, embed and validate one batch for one index; return its artifacts, counts and usage."""
+                 clock: Stopwatch) -> IndexWork:
+    """Chunk, refresh, enrich, embed and validate one batch for one index; return its artifacts, counts and usage."""
     cfg, here = plan.cfg, batch_dir(plan.run_dir, number)
     store, table = cfg.store.uri, cfg.store.chunks_table
     dim = embedder_spec(cfg.embedding).dim
     documents = join(here, "documents.parquet")
-    timed = _timed if plan.name is None else (
-        lambda seconds, name, *args: _timed(seconds, f"{name} {plan.name}", *args))
+    suffix = "" if plan.name is None else f" {plan.name}"
+
+    def timed(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return clock.run(name + suffix, fn, *args)
+
     # Every stage is a task run of its own, also one with nothing to do in this batch: the Prefect UI shows the
     # same DAG for every run, and a stage that did nothing says so in its log.
     if shared:  # several indexes: this one takes the documents it reprocesses from the shared extraction
-        elements, extracted = timed(seconds, "select", for_variant_stage, elements, extracted, documents, here)
+        elements, extracted = timed("select", for_variant_stage, elements, extracted, documents, here)
     # Each per-document stage quarantines the documents it raised on in a new extracted artifact, and goes on.
-    chunks, extracted = timed(seconds, "chunk", chunk_stage, elements, cfg.chunking, here, extracted)
+    chunks, extracted = timed("chunk", chunk_stage, elements, cfg.chunking, here, extracted)
     failpoint("batch-chunked")
     # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.
-    chunks, extracted = timed(seconds, "refresh", refresh_stage, documents, chunks, extracted, store, table, here)
+    chunks, extracted = timed("refresh", refresh_stage, documents, chunks, extracted, store, table, here)
     with _MODELS:
-        enriched = timed(seconds, "enrich", enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store,
+        enriched = timed("enrich", enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store,
                           table, here, plan.jobs_dir)
         failpoint("batch-enriched")
-        embedded = timed(seconds, "embed", embed_stage, enriched["path"], enriched["extracted"],
+        embedded = timed("embed", embed_stage, enriched["path"], enriched["extracted"],
                          cfg.embedding, cfg.enrichment, cfg.pricing, store, table, here, plan.jobs_dir)
-        key = "embed model" if plan.name is None else f"embed model {plan.name}"
-        seconds[key] = seconds.get(key, 0.0) + embedded.get("model_seconds", 0.0)  # inside the embedder's calls
+        clock.add("embed model" + suffix, embedded.get("model_seconds", 0.0))  # inside the embedder's calls
         failpoint("batch-embedded")
     # Data-quality gates: quarantine what fails a `quarantine` check, stop before committing on a `fail` check.
-    gated = timed(seconds, "validate", validate_stage, documents, elements, embedded["extracted"], embedded["path"],
+    gated = timed("validate", validate_stage, documents, elements, embedded["extracted"], embedded["path"],
                    cfg.quality, cfg.chunking.max_tokens, dim, here)
-    seconds["import gx"] = seconds.get("import gx", 0.0) + gated["setup_seconds"]  # start-up inside validate
+    clock.add("import gx", gated["setup_seconds"])  # start-up inside validate
     final = read_artifact(gated["embedded"], embedded_chunks_schema(dim))
-    return {"extracted": gated["extracted"], "embedded": gated["embedded"], "rows": final.num_rows,
-            "texts": text_counts(final), "usage": enriched["usage"] | embedded["usage"],
-            "validation": gated["validation"],
-            "errors": unexpected_errors(read_artifact(gated["extracted"], EXTRACTED_SCHEMA))}
+    return IndexWork(gated["extracted"], gated["embedded"], final.num_rows, text_counts(final),
+                     enriched["usage"] | embedded["usage"], gated["validation"],
+                     unexpected_errors(read_artifact(gated["extracted"], EXTRACTED_SCHEMA)))
 
 
 @task(name="batch", task_run_name="batch-{number}", cache_policy=NO_CACHE)
 def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: list[IndexPlan],
-                storage: dict[str, dict]) -> dict:
+                storage: dict[str, dict]) -> BatchResult:
     """Extract one batch once, then chunk, refresh, enrich, embed and validate it for every index, each a task run.
 
-    Returns {"indexes": one result per plan, "notices": [...], "seconds":
-    {stage: seconds}, "span": its start and end, wall clock}; every table it made is an artifact under the
-    batch's folder, so the batch may run on another machine.
+    Every table it made is an artifact under the batch's folder, so the batch may run on another machine.
     """
     store = plans[0].cfg.store
     use_storage_options(store.artifacts, store.artifacts_options)  # a worker process starts without them
     use_store_options(store.uri, store.options)
-    seconds: dict[str, float] = {}
+    clock = Stopwatch()
     began = time.time()  # wall clock, comparable across worker processes: the run's batch span
     # On disk before the batch reports done: its writer (maybe in another process) reads them next.
     with quiet_stages():
         here = batch_dir(run_dir, number)
         documents = [join(batch_dir(p.run_dir, number), "documents.parquet") for p in plans]
         todo = documents[0] if len(plans) == 1 else extraction_todo_stage(documents, here)
-        elements, extracted, notices = _timed(seconds, "extract", extract_stage, todo, extraction, here, storage)
+        elements, extracted, notices = clock.run("extract", extract_stage, todo, extraction, here, storage)
         failpoint("batch-extracted")
-        results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, seconds)
-                   for plan in plans]
+        results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, clock) for plan in plans]
     failpoint("batch-validated")
-    return {"indexes": results, "notices": notices, "seconds": seconds, "span": (began, time.time())}
+    return BatchResult(results, notices, clock.seconds, (began, time.time()))
 
 
 def merge_usage(total: dict, more: dict) -> dict:

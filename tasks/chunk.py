@@ -13,14 +13,14 @@ import pyarrow as pa
 
 from providers.tokenizer import count_tokens as _count_tokens
 from providers.tokenizer import encode, encoding, token_offsets
-from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA
-from schemas.config import ChunkingConfig, ChunkStrategy
-from schemas.errors import UNEXPECTED, DocumentFailure
 from runtime.artifacts import read_artifact, write_artifact
-from tasks.clean import heading_title
 from runtime.cpu import map_parts, split_by_size
 from runtime.isolate import each_document, quarantined_by
 from runtime.stage import stage
+from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA
+from schemas.config import ChunkingConfig, ChunkStrategy
+from schemas.errors import UNEXPECTED, DocumentFailure
+from tasks.clean import heading_title
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t#]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")

@@ -20,14 +20,14 @@ from prefect import get_run_logger
 from pydantic import ValidationError
 from wcmatch import glob as wcglob
 
+from runtime.artifacts import join, write_artifact
+from runtime.stage import stage
 from schemas.arrow import LISTING_SCHEMA
 from schemas.config import InletConfig, SourceConfig, SourceMetadata
 from schemas.errors import ConfigError, ExtractionError
 from tasks import web
-from runtime.artifacts import join, write_artifact
 from tasks.bundle import NotABundleError, keep_member, member_uri, parse_bundle
 from tasks.clean import decode_text
-from runtime.stage import stage
 
 
 def metadata_for(src: SourceConfig, rel: str) -> SourceMetadata:

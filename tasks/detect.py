@@ -13,11 +13,11 @@ from prefect import get_run_logger
 
 from providers.embedders import embedder_spec
 from providers.enrichers import make_enricher
+from runtime.artifacts import read_artifact, write_artifact
+from runtime.stage import stage
 from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA, REFRESH_ENRICHMENT, Change, conform
 from schemas.config import InletConfig
 from schemas.errors import ConfigError
-from runtime.artifacts import read_artifact, write_artifact
-from runtime.stage import stage
 
 # Bump when extraction or chunking code changes what it produces: every document is reprocessed.
 # 2: Markdown cleaning, PDF running headers, HTML boilerplate, character-safe windows. 3: documents' own access

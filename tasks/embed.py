@@ -16,15 +16,6 @@ from providers.embedders import Embedder, embedder_spec, make_embedder
 from providers.gemini_batch import JobLedger, batch_polling
 from providers.pricing import model_cost
 from providers.tokenizer import count_tokens
-from schemas.arrow import (
-    EMBED_USAGE,
-    ENRICHED_CHUNKS_SCHEMA,
-    EXTRACTED_SCHEMA,
-    embedded_chunks_schema,
-)
-from schemas.config import EmbeddingConfig, EnrichmentConfig, PricingConfig
-from schemas.errors import DocumentFailure
-from tasks import uncommitted
 from runtime.artifacts import read_artifact, report_batch_job, write_artifact
 from runtime.isolate import (
     each_document,
@@ -36,6 +27,15 @@ from runtime.isolate import (
 )
 from runtime.progress import stage_progress
 from runtime.stage import stage
+from schemas.arrow import (
+    EMBED_USAGE,
+    ENRICHED_CHUNKS_SCHEMA,
+    EXTRACTED_SCHEMA,
+    embedded_chunks_schema,
+)
+from schemas.config import EmbeddingConfig, EnrichmentConfig, PricingConfig
+from schemas.errors import DocumentFailure
+from tasks import uncommitted
 
 
 def embedding_input(text: str, enrichment: str | None, delimiter: str) -> str:

@@ -12,20 +12,10 @@ import pyarrow.compute as pc
 from prefect import get_run_logger
 
 from providers.enrichers import make_enricher
-from providers.types import Enricher, EnrichInput, Usage
 from providers.gemini_batch import JobLedger, batch_polling
 from providers.pricing import model_cost
 from providers.tokenizer import count_tokens
-from schemas.arrow import (
-    CHUNKS_SCHEMA,
-    ENRICH_USAGE,
-    ENRICHED_CHUNKS_SCHEMA,
-    EXTRACTED_SCHEMA,
-    failed_mask,
-)
-from schemas.config import EnrichmentConfig, PricingConfig
-from schemas.errors import DocumentFailure
-from tasks import uncommitted
+from providers.types import Enricher, EnrichInput, Usage
 from runtime.artifacts import read_artifact, report_batch_job, write_artifact
 from runtime.isolate import (
     each_document,
@@ -37,6 +27,16 @@ from runtime.isolate import (
 )
 from runtime.progress import stage_progress
 from runtime.stage import stage
+from schemas.arrow import (
+    CHUNKS_SCHEMA,
+    ENRICH_USAGE,
+    ENRICHED_CHUNKS_SCHEMA,
+    EXTRACTED_SCHEMA,
+    failed_mask,
+)
+from schemas.config import EnrichmentConfig, PricingConfig
+from schemas.errors import DocumentFailure
+from tasks import uncommitted
 
 
 def enrich_key(item: EnrichInput, fingerprint: str, document: str | None = None) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-from concurrent.futures import CancelledError
 import functools
 import hashlib
 import multiprocessing
@@ -11,16 +10,20 @@ import re
 import threading
 import zipfile
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import yaml
 
+from runtime.artifacts import read_artifact, write_artifact
+from runtime.cpu import map_parts, split_by_size, worker_context
+from runtime.progress import stage_progress
+from runtime.stage import stage
 from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError, unexpected
-from runtime.artifacts import read_artifact, write_artifact
 from tasks.clean import (
     BOMS,
     clean_html,
@@ -29,7 +32,6 @@ from tasks.clean import (
     drop_repeated_page_lines,
     heading_title,
 )
-from runtime.cpu import map_parts, split_by_size, worker_context
 from tasks.metadata import (
     detect_language,
     docx_metadata,
@@ -37,8 +39,6 @@ from tasks.metadata import (
     html_metadata,
     merged_metadata,
 )
-from runtime.progress import stage_progress
-from runtime.stage import stage
 
 MARKDOWN = {".md", ".markdown", ".mdx"}
 _OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # legacy Office / encrypted OOXML container

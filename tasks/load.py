@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from prefect import get_run_logger
 
 from runtime.artifacts import read_artifact
+from runtime.clock import Stopwatch
 from runtime.failpoints import failpoint
 from runtime.stage import stage
 from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, embedded_chunks_schema
@@ -27,6 +28,9 @@ from store.commit import (
 )
 from store.tables import QUARANTINE, connect, open_table
 from tasks import uncommitted
+
+if TYPE_CHECKING:
+    from tasks.batch import IndexWork
 
 _KEY_COLUMNS = ["chunk_id", "doc_id", "enricher", "enrich_key"]  # what the commits need of a group's embedded chunks
 
@@ -108,13 +112,13 @@ class Writer:
                       "inflight_dir": inflight_dir}
         self._batches, self._fulltext = batches, fulltext_index
         self._received = 0
-        self._pending: list[dict] = []
+        self._pending: list[IndexWork] = []
         self._committed = False
         self.result = LoadResult()
-        self.seconds = {"upsert": 0.0, "publish": 0.0}
+        self.clock = Stopwatch()
 
-    def add(self, batch: dict, *, hold: bool = False) -> None:
-        """Take a finished batch ({extracted, embedded, rows}); commit the group once it holds commit_rows rows.
+    def add(self, batch: IndexWork, *, hold: bool = False) -> None:
+        """Take a batch's finished work for this index; commit the group once it holds commit_rows rows.
 
         A run that has committed nothing when only its last batch is still to come commits then, and builds
         the full-text index then, while that batch runs: done after it, both left the other core idle (a cold
@@ -127,35 +131,35 @@ class Writer:
         self._received += 1
         if hold:
             return
-        while sum(b["rows"] for b in self._pending) >= self._commit_rows:
+        while sum(b.rows for b in self._pending) >= self._commit_rows:
             self._commit(last=False, count=self._group_size())
         if not self._committed and self._batches - self._received == 1:
             self._commit(last=False)
             if self._fulltext:
-                start = time.perf_counter()
-                fulltext_stage(self._store, self._args["chunks_table"])
-                self.seconds["index"] = time.perf_counter() - start
+                self.clock.run("index", fulltext_stage, self._store, self._args["chunks_table"])
 
     def _group_size(self) -> int:
         """The number of pending batches in the next group: the fewest that hold commit_rows rows."""
         rows = 0
         for n, batch in enumerate(self._pending, start=1):
-            rows += batch["rows"]
+            rows += batch.rows
             if rows >= self._commit_rows:
                 return n
         return len(self._pending)
 
     def _commit(self, *, last: bool, count: int | None = None) -> None:
-        start = time.perf_counter()
+        with self.clock.timing("upsert"):
+            self._commit_group(last=last, count=count)
+
+    def _commit_group(self, *, last: bool, count: int | None) -> None:
         group, self._pending = (self._pending, []) if count is None else (self._pending[:count], self._pending[count:])
-        done = upsert_stage(self._store, self._documents, [b["extracted"] for b in group],
-                            [b["embedded"] for b in group], last=last, **self._args)
-        uncommitted.forget(b["embedded"].rsplit("/", 1)[0] for b in group)
+        done = upsert_stage(self._store, self._documents, [b.extracted for b in group],
+                            [b.embedded for b in group], last=last, **self._args)
+        uncommitted.forget(b.embedded.rsplit("/", 1)[0] for b in group)
         self._committed = True
         for name in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written", "docs_quarantined"):
             setattr(self.result, name, getattr(self.result, name) + done[name])
         self.result.versions.update(done["versions"])
-        self.seconds["upsert"] += time.perf_counter() - start
 
     def finish(self, *, fulltext_index: bool, ann_min_rows: int) -> dict:
         """Commit the last group with the run's deletions, refresh indexes, tag and publish; return the totals.
@@ -164,10 +168,8 @@ class Writer:
         the version readers already see with the run id): the Prefect UI shows every run's whole DAG.
         """
         self._commit(last=True)
-        start = time.perf_counter()
-        published = publish_stage(self._store, self._args["chunks_table"], self._args["run_id"],
-                                  fulltext_index=fulltext_index, ann_min_rows=ann_min_rows)
-        self.seconds["publish"] = time.perf_counter() - start
+        published = self.clock.run("publish", publish_stage, self._store, self._args["chunks_table"],
+                                   self._args["run_id"], fulltext_index=fulltext_index, ann_min_rows=ann_min_rows)
         self.result.indexes = published["indexes"]
         if published["version"] is not None:
             self.result.versions[self._args["chunks_table"]] = published["version"]

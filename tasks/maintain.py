@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.arrow import PUBLISHED_TAG
-from store.commit import refresh_indexes
 from runtime.memory import release_memory
 from runtime.stage import stage
+from schemas.arrow import PUBLISHED_TAG
+from store.commit import refresh_indexes
 from store.tables import connect, open_table, sql_list, table_names
 
 FINDINGS_SCHEMA = pa.schema([

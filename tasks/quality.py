@@ -10,8 +10,8 @@ happens: `quarantine` (the documents of the failing rows are quarantined with th
 from __future__ import annotations
 
 import logging
-import time
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -22,6 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
 
+from runtime.artifacts import read_artifact, write_artifact
+from runtime.isolate import failing_items, fails_the_run, quarantined_by, without_documents
+from runtime.stage import stage
 from schemas.arrow import (
     DOCUMENTS_SCHEMA,
     ELEMENTS_SCHEMA,
@@ -31,9 +34,6 @@ from schemas.arrow import (
 )
 from schemas.config import ACCESS_LEVELS, QualityConfig
 from schemas.errors import INVALID, DataQualityError, DocumentFailure
-from runtime.artifacts import read_artifact, write_artifact
-from runtime.isolate import fails_the_run, failing_items, quarantined_by, without_documents
-from runtime.stage import stage
 
 Severity = Literal["quarantine", "fail", "warn"]
 

@@ -6,6 +6,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import get_run_logger
 
+from runtime.artifacts import read_artifact, write_artifact
+from runtime.stage import stage
 from schemas.arrow import (
     CHUNKS_SCHEMA,
     DOCUMENTS_SCHEMA,
@@ -13,8 +15,6 @@ from schemas.arrow import (
     REFRESH_ENRICHMENT,
     Change,
 )
-from runtime.artifacts import read_artifact, write_artifact
-from runtime.stage import stage
 from store.tables import connect, open_table, select_where_in
 
 _OWN = ("language", "tags", "extra", "access_level", "expires_at")  # a document's merged metadata, as committed

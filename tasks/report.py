@@ -11,6 +11,9 @@ import pyarrow.compute as pc
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from runtime.artifacts import read_artifact, write_artifact
+from runtime.failpoints import failpoint
+from runtime.stage import stage
 from schemas.arrow import (
     DOCUMENTS_SCHEMA,
     EXTRACTED_SCHEMA,
@@ -19,13 +22,10 @@ from schemas.arrow import (
     RUNS_SCHEMA,
     Change,
 )
-from tasks.access import raised_and_lowered
-from runtime.artifacts import read_artifact, write_artifact
-from tasks.enrich import failed_enrichments
-from runtime.failpoints import failpoint
-from tasks.refresh import refresh_ids
-from runtime.stage import stage
 from store.tables import RUNS, connect, ensure_columns, open_table
+from tasks.access import raised_and_lowered
+from tasks.enrich import failed_enrichments
+from tasks.refresh import refresh_ids
 
 
 def _true(column: pa.ChunkedArray) -> int:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA, WORK
 from runtime.artifacts import read_artifact, write_artifact
 from runtime.stage import stage
+from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA, WORK
 
 
 def _needs_work(documents: pa.Table) -> pa.ChunkedArray:

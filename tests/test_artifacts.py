@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from runtime.artifacts import read_artifact, write_artifact
 from schemas.arrow import embedded_chunks_schema
 from schemas.errors import StoreError
-from runtime.artifacts import read_artifact, write_artifact
 
 
 def _embedded(rows: int, dim: int) -> pa.Table:

@@ -11,8 +11,8 @@ from flows.ingest import ingest
 from query import search
 from schemas.config import SourceConfig, load_config
 from tasks.bundle import keep_member, parse_bundle
-from tasks.crawl import list_source
 from tasks.clean import decode_text
+from tasks.crawl import list_source
 
 BUNDLES = {"langgraph-llms-full.txt": 48, "mcp-modelcontextprotocol-llms-full.txt": 43, "crewai-llms-full.txt": 214}
 

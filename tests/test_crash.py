@@ -16,9 +16,9 @@ import yaml
 
 from flows.ingest import ingest
 from query import search
+from runtime.failpoints import POINTS
 from schemas.arrow import PUBLISHED_TAG
 from schemas.config import load_config
-from runtime.failpoints import POINTS
 from tests.conftest import run_artifact
 from tests.zygote import Zygote
 

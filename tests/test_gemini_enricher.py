@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from providers.types import EnrichInput
 from providers.gemini_enricher import GeminiEnricher, load_prompt
+from providers.types import EnrichInput
 from schemas.errors import ConfigError
 from tests.gemini_server import Faults, GeminiServer
 

@@ -6,10 +6,10 @@ import httpx
 import pytest
 from google.genai import errors as genai_errors
 
-from providers.types import EnrichInput
 from providers.gemini import GeminiEmbedder
 from providers.gemini_enricher import GeminiEnricher, load_prompt
 from providers.gemini_retry import TRANSIENT, Retrier, is_transient, server_retry_delay
+from providers.types import EnrichInput
 from tests.gemini_server import Faults, GeminiServer
 from tests.test_gemini_enricher import ITEM, PROMPTS
 

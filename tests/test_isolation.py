@@ -24,9 +24,10 @@ from flows.ingest import ingest
 from providers.embedders import HashingEmbedder
 from providers.enrichers import KeywordEnricher
 from query import quarantined, search
+from runtime.isolate import Breaker, failing_items, model_fails_run
 from schemas.config import load_config
 from schemas.errors import DocumentFailure, SystemicFailureError
-from runtime.isolate import Breaker, failing_items, model_fails_run
+from tasks.batch import IndexWork
 from tasks.load import Writer
 from tests.gemini_server import Faults, GeminiServer
 
@@ -299,7 +300,7 @@ def test_commits_held_for_the_breaker_go_out_in_groups_of_commit_rows(monkeypatc
         groups.append(len(embedded)) or {**counts, "versions": {}}))
     writer = Writer("store", "documents.parquet", commit_rows=10, chunks_table="chunks", documents_table="documents",
                     dim=4, settings_fp="fp", run_id="run", now=datetime.now(UTC), batches=8)
-    batch = lambda n: {"extracted": f"b/{n}/extracted", "embedded": f"b/{n}/embedded", "rows": 6}  # noqa: E731
+    batch = lambda n: IndexWork(f"b/{n}/extracted", f"b/{n}/embedded", 6, {}, {}, [], [])  # noqa: E731
     for n in range(3):
         writer.add(batch(n), hold=True)
     assert groups == []

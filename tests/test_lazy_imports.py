@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from prefect import flow
 
-from schemas.config import InletConfig, load_config
 from runtime.stage import opaque_value, stage
+from schemas.config import InletConfig, load_config
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 

@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from runtime.artifacts import use_storage_options, write_artifact
 from schemas.arrow import embedded_chunks_schema
 from tasks import uncommitted
-from runtime.artifacts import use_storage_options, write_artifact
 from tests.conftest import bucket_store
 
 SCHEMA = embedded_chunks_schema(2)

@@ -88,10 +88,11 @@ def _child(request: dict) -> None:
 
 def main() -> None:
     """Import the flow, say ready, then fork and wait for one child per request line."""
+    import great_expectations  # noqa: F401
+
     import flows.ingest  # noqa: F401 - the point: imported once, before any fork
     from providers import tokenizer
     from tasks.metadata import language_identifier
-    import great_expectations  # noqa: F401
 
     # What a run loads on first use, each child paid again (~5 s here, GX's import most of it): loaded once.
     tokenizer.warm()
