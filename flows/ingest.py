@@ -13,7 +13,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import flow
 
+from flows.batch import (
+    IndexPlan,
+    batch_bytes,
+    batch_stage,
+    merge_usage,
+    merge_validation,
+    plan_batches,
+    write_batch_documents,
+)
 from flows.runners import make_task_runner
+from flows.writer import Writer
 from providers.embedders import embedder_spec, resolve_embedding
 from providers.enrichers import resolve_enrichment
 from providers.keys import use_secret_block
@@ -37,18 +47,8 @@ from store.tables import (
     writer_lock,
 )
 from tasks import uncommitted
-from tasks.batch import (
-    IndexPlan,
-    batch_bytes,
-    batch_stage,
-    merge_usage,
-    merge_validation,
-    plan_batches,
-    write_batch_documents,
-)
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
-from tasks.load import Writer
 from tasks.report import report_stage
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them

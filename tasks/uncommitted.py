@@ -8,7 +8,7 @@ artifact that holds their outputs, later batches read those outputs back from it
 drops a batch's keys once it has committed them, so at most a commit group's keys are held.
 
 In the flow's own process (the thread runner) the register is a dict, and a batch's enrich and embed
-stages run under the process's model lock (tasks/batch.py), lookup and remember included, so no two
+stages run under the process's model lock (flows/batch.py), lookup and remember included, so no two
 batches can both miss a text and send it. Batches in worker processes or on Dask workers share through
 the artifact folder instead: a batch that sent keys to a model leaves an empty marker file
 `<index>/uncommitted/<kind>.<batch>` once its artifact is written, the writer leaves

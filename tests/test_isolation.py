@@ -14,21 +14,21 @@ from pathlib import Path
 import lancedb
 import pytest
 
+import flows.writer
 import tasks.chunk
 import tasks.embed
 import tasks.enrich
 import tasks.extract
-import tasks.load
 import tasks.quality
+from flows.batch import IndexWork
 from flows.ingest import ingest
+from flows.writer import Writer
 from providers.embedders import HashingEmbedder
 from providers.enrichers import KeywordEnricher
 from query import quarantined, search
 from runtime.isolate import Breaker, failing_items, model_fails_run
 from schemas.config import load_config
 from schemas.errors import DocumentFailure, SystemicFailureError
-from tasks.batch import IndexWork
-from tasks.load import Writer
 from tests.gemini_server import Faults, GeminiServer
 
 GUIDE = "sample:guides/boat-maintenance.md"
@@ -296,7 +296,7 @@ def test_commits_held_for_the_breaker_go_out_in_groups_of_commit_rows(monkeypatc
     """Holding half a big run must not turn it into one huge commit group: a crash would lose all of it."""
     groups: list[int] = []
     counts = dict.fromkeys(("chunks_added", "chunks_removed", "chunks_reused", "chunks_written", "docs_quarantined"), 0)
-    monkeypatch.setattr(tasks.load, "upsert_stage", lambda store, documents, extracted, embedded, **kw: (
+    monkeypatch.setattr(flows.writer, "upsert_stage", lambda store, documents, extracted, embedded, **kw: (
         groups.append(len(embedded)) or {**counts, "versions": {}}))
     writer = Writer("store", "documents.parquet", commit_rows=10, chunks_table="chunks", documents_table="documents",
                     dim=4, settings_fp="fp", run_id="run", now=datetime.now(UTC), batches=8)
