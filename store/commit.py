@@ -265,7 +265,8 @@ MAX_UNINDEXED = 5_000
 MAX_DELTAS = 8
 
 
-def _unindexed(table: lancedb.table.Table, column: str) -> tuple[str | None, int, int]:
+def index_state(table: lancedb.table.Table, column: str) -> tuple[str | None, int, int]:
+    """The name of the index on column (None: there is none), and its indexed and unindexed rows."""
     index = next((i for i in table.list_indices() if list(i.columns) == [column]), None)
     if index is None:
         return None, 0, 0
@@ -298,7 +299,7 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
         table.create_index("expires_at", config=BTree(), replace=True)
         coverage = index_coverage(table)
     if fulltext and "fulltext" not in coverage:
-        _create_fulltext(table)
+        create_fulltext_index(table)
         coverage = index_coverage(table)
     waiting = any(c["unindexed"] > (0 if merge else MAX_UNINDEXED) for c in coverage.values())
     if waiting or (merge and any(len(i.segments) > 1 for i in table.to_lance().describe_indices())):
@@ -325,7 +326,8 @@ def fold_in(table: lancedb.table.Table, *, merge_all: bool = False) -> None:
         table.checkout_latest()
 
 
-def _create_fulltext(table: lancedb.table.Table) -> None:
+def create_fulltext_index(table: lancedb.table.Table) -> None:
+    """Build the full-text index over the text column (replacing one that exists)."""
     release_memory()
     table.create_index("text", config=FTS(with_position=False), replace=True)
 
@@ -430,10 +432,10 @@ def published_current(table: lancedb.table.Table, *, fulltext: bool) -> bool:
     """Tell whether readers already see the table's latest version with the indexes the config asks for."""
     if tagged_version(table, PUBLISHED_TAG) != table.version:
         return False  # new rows, or a run that committed and stopped before publishing
-    return not fulltext or _unindexed(table, "text")[0] is not None or table.count_rows() == 0
+    return not fulltext or index_state(table, "text")[0] is not None or table.count_rows() == 0
 
 
-def _settled(documents: pa.Table, ids: list[str], last: bool) -> pa.Table:
+def settled_documents(documents: pa.Table, ids: list[str], last: bool) -> pa.Table:
     """The documents rows a commit group settles: its batches' documents, plus deleted and touched ones at the end."""
     mask = pc.is_in(documents["doc_id"], pa.array(ids, pa.string()))
     if last:

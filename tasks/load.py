@@ -14,14 +14,14 @@ from runtime.stage import stage
 from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, embedded_chunks_schema
 from store.commit import (
     LoadResult,
-    _create_fulltext,
-    _settled,
-    _unindexed,
     commit_group,
+    create_fulltext_index,
     index_coverage,
+    index_state,
     publish,
     published_current,
     refresh_indexes,
+    settled_documents,
     tag_version,
 )
 from store.tables import connect, open_table
@@ -41,7 +41,7 @@ def upsert_stage(store_uri: str, documents_path: str, extracted_paths: list[str]
     # The group's rows are read twice, batch by batch: their keys now, whole rows while LanceDB merges them.
     keys = (pa.concat_tables([read_artifact(p, schema).select(_KEY_COLUMNS) for p in embedded_paths])
             if embedded_paths else schema.empty_table().select(_KEY_COLUMNS))
-    documents = _settled(read_artifact(documents_path, DOCUMENTS_SCHEMA), extracted["doc_id"].to_pylist(), last)
+    documents = settled_documents(read_artifact(documents_path, DOCUMENTS_SCHEMA), extracted["doc_id"].to_pylist(), last)
     if not documents.num_rows and not extracted.num_rows:  # a run that changed nothing: no table is touched
         get_run_logger().info("nothing to commit")
         return asdict(LoadResult())
@@ -81,6 +81,6 @@ def publish_stage(store_uri: str, chunks_table: str, run_id: str, *, fulltext_in
 def fulltext_stage(store_uri: str, chunks_table: str) -> dict:
     """Build the chunks table's full-text index over what is committed so far, if it has none; return coverage."""
     table = open_table(connect(store_uri), chunks_table)
-    if table is not None and _unindexed(table, "text")[0] is None:
-        _create_fulltext(table)
+    if table is not None and index_state(table, "text")[0] is None:
+        create_fulltext_index(table)
     return {} if table is None else index_coverage(table)
