@@ -6,18 +6,14 @@ import html as html_lib
 import io
 import json
 import re
-import threading
 import xml.etree.ElementTree as ET  # noqa: N817 - expat refuses entity expansion bombs (expat >= 2.4)
 import zipfile
 from html.parser import HTMLParser
-from typing import TYPE_CHECKING
 
+from providers.langid import language_identifier
 from schemas.config import ACCESS_LEVELS
 from schemas.errors import ExtractionError, one_line
 from tasks.access import declared_access, effective_access, field_name, stricter
-
-if TYPE_CHECKING:
-    from py3langid.langid import LanguageIdentifier
 
 _FREE_FIELDS = ("description", "author", "date")  # front matter scalars kept as free (filterable) fields
 
@@ -131,26 +127,6 @@ def docx_metadata(data: bytes) -> dict:
     if category is not None and (category.text or "").strip().lower() in ACCESS_LEVELS:
         meta = stricter(meta, {"declared_level": category.text.strip().lower()})
     return meta
-
-
-_LOADING = threading.Lock()
-_MODEL: LanguageIdentifier | None = None
-
-
-def language_identifier() -> LanguageIdentifier:
-    """py3langid's shipped model with normalised probabilities, loaded once per process, threads or not.
-
-    Loaded the way py3langid's README shows (LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)):
-    it decompresses the LZMA model file, ~0.45 s and ~74 MB resident, once per process (the forkserver's
-    preload pays it once for all the workers forked from it).
-    """
-    global _MODEL
-    with _LOADING:
-        if _MODEL is None:
-            from py3langid.langid import MODEL_FILE, LanguageIdentifier
-
-            _MODEL = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-        return _MODEL
 
 
 _FENCED = re.compile(r"```.*?```", re.DOTALL)

@@ -5,8 +5,8 @@ chunking code, the cl100k tokenizer and the language identifier (~1 s together, 
 """
 
 from providers import tokenizer
+from providers.langid import language_identifier
 from tasks import chunk, extract  # noqa: F401
-from tasks.metadata import language_identifier
 
 tokenizer.warm()
 language_identifier()

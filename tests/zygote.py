@@ -92,7 +92,7 @@ def main() -> None:
 
     import flows.ingest  # noqa: F401 - the point: imported once, before any fork
     from providers import tokenizer
-    from tasks.metadata import language_identifier
+    from providers.langid import language_identifier
 
     # What a run loads on first use, each child paid again (~5 s here, GX's import most of it): loaded once.
     tokenizer.warm()

@@ -1,0 +1,54 @@
+"""The language model's decompressed cache: same answers as py3langid's own loader, made once, repaired."""
+
+from __future__ import annotations
+
+import pytest
+from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+from providers import langid
+
+SAMPLES = [
+    "The pipeline keeps a retrieval knowledge base fresh, one changed document at a time.",
+    "Die Pipeline hält eine Wissensdatenbank aktuell, ein geändertes Dokument nach dem anderen.",
+    "La canalización mantiene actualizada una base de conocimiento, documento a documento.",
+    "管道一次处理一个已更改的文档，使检索知识库保持最新。",
+    "यह पाइपलाइन ज्ञान भंडार को ताज़ा रखती है।",
+    "12345 ### ---",
+]
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("INLET_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_the_cached_model_answers_exactly_as_py3langids_own_loader(cache_dir):
+    reference = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    made = langid.load_identifier()  # writes the cache entry
+    read = langid.load_identifier()  # reads it back
+    folder = langid.cache_folder(langid.model_path())
+    assert folder.parent == cache_dir and (folder / "manifest.json").exists()
+    for text in SAMPLES:
+        assert made.rank(text) == reference.rank(text)
+        assert read.rank(text) == reference.rank(text)
+        assert read.classify(text) == reference.classify(text)
+
+
+def test_a_damaged_cache_entry_is_written_again(cache_dir, caplog):
+    langid.load_identifier()
+    folder = langid.cache_folder(langid.model_path())
+    (folder / "ptc.npy").write_bytes(b"not an array")
+    identifier = langid.load_identifier()
+    assert "damaged" in caplog.text
+    assert identifier.classify(SAMPLES[1])[0] == "de"
+    assert langid.load_identifier().classify(SAMPLES[0])[0] == "en"  # the rewritten entry reads cleanly
+
+
+def test_an_unwritable_cache_loads_the_packaged_model_and_says_so(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("INLET_CACHE_DIR", str(blocker / "cache"))
+    identifier = langid.load_identifier()
+    assert "cache unusable" in caplog.text
+    assert identifier.classify(SAMPLES[2])[0] == "es"
