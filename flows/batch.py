@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -60,6 +60,7 @@ class IndexPlan:
     cfg: InletConfig
     run_dir: str  # the index's folder in the run: the run folder, or <run>/<variant>
     jobs_dir: str  # the Gemini batch-job ledger
+    notices: list[str] = field(default_factory=list)  # what resolving its providers had to say (a missing key)
 
 
 def needs_work(documents: pa.Table) -> pa.ChunkedArray:
@@ -167,18 +168,18 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
         enriched = timed("enrich", enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store,
                           table, here, plan.jobs_dir)
         failpoint("batch-enriched")
-        embedded = timed("embed", embed_stage, enriched["path"], enriched["extracted"],
+        embedded = timed("embed", embed_stage, enriched.path, enriched.extracted,
                          cfg.embedding, cfg.enrichment, cfg.pricing, store, table, here, plan.jobs_dir)
-        clock.add("embed model" + suffix, embedded.get("model_seconds", 0.0))  # inside the embedder's calls
+        clock.add("embed model" + suffix, embedded.model_seconds)  # inside the embedder's calls
         failpoint("batch-embedded")
     # Data-quality gates: quarantine what fails a `quarantine` check, stop before committing on a `fail` check.
-    gated = timed("validate", validate_stage, documents, elements, embedded["extracted"], embedded["path"],
+    gated = timed("validate", validate_stage, documents, elements, embedded.extracted, embedded.path,
                    cfg.quality, cfg.chunking.max_tokens, dim, here)
-    clock.add("import gx", gated["setup_seconds"])  # start-up inside validate
-    final = read_artifact(gated["embedded"], embedded_chunks_schema(dim))
-    return IndexWork(gated["extracted"], gated["embedded"], final.num_rows, text_counts(final),
-                     enriched["usage"] | embedded["usage"], gated["validation"],
-                     unexpected_errors(read_artifact(gated["extracted"], EXTRACTED_SCHEMA)))
+    clock.add("import gx", gated.setup_seconds)  # start-up inside validate
+    final = read_artifact(gated.embedded, embedded_chunks_schema(dim))
+    return IndexWork(gated.extracted, gated.embedded, final.num_rows, text_counts(final),
+                     enriched.usage | embedded.usage, gated.validation,
+                     unexpected_errors(read_artifact(gated.extracted, EXTRACTED_SCHEMA)))
 
 
 @task(name="batch", task_run_name="batch-{number}", cache_policy=NO_CACHE)

@@ -9,13 +9,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
 
 from flows.ingest import DEFAULT_CONFIG, ingest
 from query.metrics import mean_metrics
 from query.search import fuse, search
-from runtime.stage import stage
 from schemas.config import load_config
 from schemas.errors import ConfigError
 
@@ -153,7 +153,7 @@ def documents_in_order(chunk_ids: list[str], doc_of: dict[str, str]) -> list[str
     return list(dict.fromkeys(doc_of[c] for c in chunk_ids))
 
 
-@stage("run queries")
+@task(name="run queries", cache_policy=NO_CACHE)
 def run_queries(config_path: str, dataset: Dataset, depth: int, variant: str | None) -> dict[str, dict[str, list[str]]]:
     """Return per query the chunk rankings of each side and the chunk -> document map, for fusion later."""
     out: dict[str, dict] = {}

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import time
 import uuid
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -34,11 +35,11 @@ from runtime.failpoints import failpoint
 from runtime.isolate import Breaker
 from runtime.memory import release_memory
 from runtime.progress import stage_progress
-from runtime.stage import opaque_value
 from schemas.arrow import DOCUMENTS_SCHEMA, WORK, Change
-from schemas.config import ExecutionConfig, ExtractionConfig, InletConfig, load_config
+from schemas.config import InletConfig, load_config
 from schemas.errors import ConfigError
 from store import inflight
+from store.commit import CommitTarget
 from store.tables import (
     connect,
     is_remote_store,
@@ -49,7 +50,7 @@ from store.tables import (
 from tasks import uncommitted
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
-from tasks.report import report_stage
+from tasks.report import IndexTotals, RunInfo, report_stage
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
@@ -76,102 +77,141 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
            allow_deletions: bool = False) -> dict:
     """Bring the LanceDB store up to date with the configured sources; return the run summary.
 
-    A source whose listing fails, comes back empty or shrinks past its max_delete_share deletes
-    nothing and the run says so, unless allow_deletions.
+    config -> crawl -> detect -> plan batches -> per batch on the task runner (extract -> chunk -> refresh ->
+    enrich -> embed -> validate) -> commit in groups -> publish -> report. One writer per index commits the
+    finished batches in order and publishes the run's last version to readers at the end. With index variants,
+    the crawl and each batch's extraction are shared; each variant chunks, enriches, embeds and commits to its
+    own tables, and the summary carries each variant's under "variants".
 
-    The documents that need work are cut into batches (execution.batch_docs) that run on the
-    configured task runner; one writer in this flow commits finished batches in groups and publishes
-    the run's last version to readers at the end. With index variants, the crawl and each batch's
-    extraction are shared; each variant then chunks, enriches, embeds and commits to its own tables.
-    The summary is the main index's, with each variant's under "variants".
+    A source whose listing fails, comes back empty or shrinks past its max_delete_share deletes nothing and
+    the run says so, unless allow_deletions.
     """
     begin = time.perf_counter()
     cfg = load_config(config_path)
+    run = start_run(cfg)
+    plans = index_plans(cfg, run.run_dir)
+    clock = Stopwatch()
+    # One writer at a time: a second run against this store is refused (or waits) before it reads anything.
+    with writer_lock(cfg.store.uri, run.run_id, cfg.store.lock_wait_s):
+        known_main = known_documents(connect(cfg.store.uri), cfg.store.documents_table)
+        web = any(src.kind == "web" for src in cfg.sources)  # the known pages' validators make requests conditional
+        listing, failed_sources, crawl_notices = clock.run("crawl", crawl_stage, cfg, run.run_dir,
+                                                           known_main if web else None)
+        failpoint("crawled")
+        detected = [detect_index(plan, listing, known_main, failed_sources, config_path, cfg, clock,
+                                 retry_quarantined, allow_deletions) for plan in plans]
+        failpoint("detected")
+        batches, sizes = plan_run_batches(cfg, plans, detected, clock)
+        writers = [Writer(commit_target(plan, d, run), d.documents, commit_rows=cfg.execution.commit_rows,
+                          batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=d.known)
+                   for plan, d in zip(plans, detected)]
+        done = clock.run("batches", run_batches, cfg, batches, sizes, run.run_dir, plans, writers)
+        clock.seconds.update(done.seconds)
+        summaries = []
+        for plan, d, writer, totals in zip(plans, detected, writers, done.indexes):
+            loaded = writer.finish(ann_min_rows=plan.cfg.query.ann_min_rows)  # the last commit group, then publish
+            if d.markers:  # what killed runs left, now committed again
+                inflight.settle(d.markers, worked_ids(read_artifact(d.documents, DOCUMENTS_SCHEMA)))
+            clock.seconds.update({k + _suffix(plan): v for k, v in writer.clock.seconds.items()})
+            summaries.append(report_stage(
+                report_info(plan, run), d.documents, totals, loaded, finished=datetime.now(UTC),
+                stage_seconds=clock.rounded(), notices=[*plan.notices, *crawl_notices, *d.notices, *done.notices]))
+    summary = summaries[0]
+    if len(summaries) > 1:
+        summary["variants"] = {plan.name: s for plan, s in zip(plans[1:], summaries[1:])}
+    # The flow body alone; Prefect's own run set-up and teardown come on top of this.
+    return {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}
+
+
+# --- the steps the flow names, in its order ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """A run's identity: its id, when it started and its folder of artifacts."""
+
+    run_id: str
+    started: datetime
+    run_dir: str
+
+
+def start_run(cfg: InletConfig) -> RunStart:
+    """Name the run, and hand the config's credentials and storage options to the libraries that read them."""
     use_secret_block(cfg.api_key_block)
-    started = datetime.now(UTC)
-    run_id = new_run_id(started)
     use_storage_options(cfg.store.artifacts, cfg.store.artifacts_options)
     use_store_options(cfg.store.uri, cfg.store.options)
-    run_dir = join(cfg.store.artifacts, run_id)
-    store = cfg.store.uri
-    clock = Stopwatch()
-    variants = []
+    started = datetime.now(UTC)
+    run_id = new_run_id(started)
+    return RunStart(run_id, started, join(cfg.store.artifacts, run_id))
+
+
+def index_plans(cfg: InletConfig, run_dir: str) -> list[IndexPlan]:
+    """The main index and each variant, with their providers resolved (a missing key falls back, said in notices)."""
+    plans = []
     for name, vcfg in cfg.all_variants():
         embedding, key_notice = resolve_embedding(vcfg.embedding)
         enrichment, enrich_notice = resolve_enrichment(vcfg.enrichment)
         vcfg = vcfg.model_copy(update={"embedding": embedding, "enrichment": enrichment})
         notices = [n for n in (key_notice, enrich_notice, *unpriced_models(vcfg)) if n]
-        vdir = run_dir if name is None else f"{run_dir}/{name}"
-        variants.append((IndexPlan(name, vcfg, vdir, _jobs_dir(vcfg)), notices))
+        plans.append(IndexPlan(name, vcfg, run_dir if name is None else f"{run_dir}/{name}", _jobs_dir(vcfg),
+                               notices))
+    return plans
 
-    # One writer at a time: a second run against this store is refused (or waits) before it reads anything.
-    # A run that fails leaves no artifact write waiting for the next run's flush to report.
-    with writer_lock(cfg.store.uri, run_id, cfg.store.lock_wait_s):
-        known_main = known_documents(connect(store), cfg.store.documents_table)
-        # The main index's documents give web pages their validators (ETag) for conditional requests.
-        web = any(src.kind == "web" for src in cfg.sources)
-        listing, failed_sources, crawl_notices = clock.run("crawl", crawl_stage, cfg, run_dir,
-                                                           known_main if web else None)
-        failpoint("crawled")
-        detected = []
-        for plan, notices in variants:
-            suffix = _suffix(plan)
-            settings_fp = clock.run("fingerprint" + suffix, settings_fingerprint, plan.cfg)
-            known = known_main if plan.name is None else clock.run(  # the main index's rows were read before the crawl
-                "read state" + suffix, known_documents, connect(store), plan.cfg.store.documents_table)
-            if plan.name is None:
-                refuse_unindexed_failures(config_path, cfg, failed_sources, known)
-            # Documents a killed run was committing: done again even if their files went back to old bytes.
-            markers = inflight.left(_inflight_dir(plan.cfg))
-            interrupted = frozenset(d for ids in markers.values() for d in ids)
-            documents, detect_notices = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp,
-                                                  plan.cfg, plan.run_dir, retry_quarantined, failed_sources,
-                                                  allow_deletions, interrupted)
-            notices.extend([*crawl_notices, *detect_notices])
-            detected.append((settings_fp, documents, known, markers))
-        failpoint("detected")
-        plans = [plan for plan, _ in variants]
-        per_index = [read_artifact(documents, DOCUMENTS_SCHEMA) for _, documents, _, _ in detected]
-        # Even batches for process and Dask workers; threads share the CPU pool, which evens out the last batch.
-        sharing = 1 if cfg.execution.task_runner == "thread" else cfg.execution.workers
-        batches = clock.run("plan batches", plan_batches, per_index, cfg.execution.batch_docs, cfg.execution.batch_mb,
-                            sharing)
-        write_batch_documents(per_index, plans, batches)
-        sizes = batch_bytes(per_index[0], batches)
-        del per_index  # the batches read their own share
-        writers = [Writer(store, documents, commit_rows=cfg.execution.commit_rows,
-                          chunks_table=plan.cfg.store.chunks_table, documents_table=plan.cfg.store.documents_table,
-                          quarantine_table=plan.cfg.store.quarantine_table,
-                          dim=embedder_spec(plan.cfg.embedding).dim, settings_fp=settings_fp, run_id=run_id,
-                          now=started, batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=known,
-                          inflight_dir=_inflight_dir(plan.cfg))
-                   for plan, (settings_fp, documents, known, _) in zip(plans, detected)]
-        storage = {s.name: s.storage_options for s in cfg.sources if s.uri is not None}
-        # Web pages are fetched into the artifact folder: workers read them back with its options.
-        storage |= {s.name: cfg.store.artifacts_options for s in cfg.sources if s.kind == "web"}
-        done = clock.run("batches", _run_batches, cfg.execution, cfg.extraction, batches, run_dir, plans, storage,
-                         writers, sizes)
-        clock.seconds.update(done["seconds"])
 
-        summaries = []
-        for (plan, notices), (_, documents, _, markers), writer, work in zip(variants, detected, writers,
-                                                                           done["indexes"]):
-            cfg_i = plan.cfg
-            loaded = writer.finish(fulltext_index=cfg_i.query.fulltext_index, ann_min_rows=cfg_i.query.ann_min_rows)
-            if markers:  # what killed runs left, now committed again
-                inflight.settle(markers, worked_ids(read_artifact(documents, DOCUMENTS_SCHEMA)))
-            clock.seconds.update({k + _suffix(plan): v for k, v in writer.clock.seconds.items()})
-            key = "ingest-run-summary" + ("" if plan.name is None else f"-{plan.name}")
-            summaries.append(report_stage(
-                documents, work["extracted"], work["texts"], loaded, usage=work["usage"], store_uri=store,
-                run_id=run_id, started=started, finished=datetime.now(UTC), config_fp=cfg_i.fingerprint(),
-                stage_seconds=clock.rounded(), notices=[*notices, *done["notices"]], run_dir=plan.run_dir,
-                runs_table=cfg_i.store.runs_table, validation=work["validation"], artifact_key=key))
-        summary = summaries[0]
-        if len(summaries) > 1:
-            summary["variants"] = {plan.name: s for (plan, _), s in zip(variants[1:], summaries[1:])}
-        # The flow body alone; Prefect's own run set-up and teardown come on top of this.
-        return {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}
+@dataclass(frozen=True)
+class Detected:
+    """One index's change detection: its documents artifact, what it read of the store, killed runs' markers."""
+
+    settings_fp: str
+    documents: str  # the documents artifact: every listed or known document with its change
+    known: pa.Table  # the documents table as read under the writer lock
+    markers: dict[str, list[str]]  # in-flight markers killed runs left (store/inflight.py)
+    notices: list[str]
+
+
+def detect_index(plan: IndexPlan, listing: str, known_main: pa.Table, failed_sources: dict[str, str],
+                 config_path: str, cfg: InletConfig, clock: Stopwatch, retry_quarantined: bool,
+                 allow_deletions: bool) -> Detected:
+    """Detect what changed for one index against its own documents table."""
+    suffix = _suffix(plan)
+    settings_fp = clock.run("fingerprint" + suffix, settings_fingerprint, plan.cfg)
+    known = known_main if plan.name is None else clock.run(  # the main index's rows were read before the crawl
+        "read state" + suffix, known_documents, connect(cfg.store.uri), plan.cfg.store.documents_table)
+    if plan.name is None:
+        refuse_unindexed_failures(config_path, cfg, failed_sources, known)
+    # Documents a killed run was committing: done again even if their files went back to old bytes.
+    markers = inflight.left(_inflight_dir(plan.cfg))
+    interrupted = frozenset(d for ids in markers.values() for d in ids)
+    documents, notices = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp, plan.cfg,
+                                   plan.run_dir, retry_quarantined, failed_sources, allow_deletions, interrupted)
+    return Detected(settings_fp, documents, known, markers, notices)
+
+
+def plan_run_batches(cfg: InletConfig, plans: list[IndexPlan], detected: list[Detected],
+                     clock: Stopwatch) -> tuple[list[list[str]], list[int]]:
+    """Cut the documents with work into batches, write each batch's share where it will read it; return the sizes."""
+    per_index = [read_artifact(d.documents, DOCUMENTS_SCHEMA) for d in detected]
+    # Even batches for process and Dask workers; threads share the CPU pool, which evens out the last batch.
+    sharing = 1 if cfg.execution.task_runner == "thread" else cfg.execution.workers
+    batches = clock.run("plan batches", plan_batches, per_index, cfg.execution.batch_docs, cfg.execution.batch_mb,
+                        sharing)
+    write_batch_documents(per_index, plans, batches)
+    return batches, batch_bytes(per_index[0], batches)
+
+
+def commit_target(plan: IndexPlan, detected: Detected, run: RunStart) -> CommitTarget:
+    """Where one index's commits go, and as which run."""
+    store = plan.cfg.store
+    return CommitTarget(store.uri, store.chunks_table, store.documents_table, store.quarantine_table,
+                        embedder_spec(plan.cfg.embedding).dim, detected.settings_fp, run.run_id, run.started,
+                        _inflight_dir(plan.cfg))
+
+
+def report_info(plan: IndexPlan, run: RunStart) -> RunInfo:
+    """How one index's report names and records the run."""
+    key = "ingest-run-summary" + ("" if plan.name is None else f"-{plan.name}")
+    return RunInfo(run.run_id, run.started, plan.cfg.store.uri, plan.run_dir, plan.cfg.store.runs_table,
+                   plan.cfg.fingerprint(), key)
 
 
 def _suffix(plan: IndexPlan) -> str:
@@ -199,16 +239,28 @@ def _jobs_dir(cfg: InletConfig) -> str:
     return str(Path.home() / ".inlet" / BATCH_JOBS_DIR / hashlib.sha256(cfg.store.uri.encode()).hexdigest()[:12])
 
 
-def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batches: list[list[str]], run_dir: str,
-                 plans: list[IndexPlan], storage: dict[str, dict], writers: list[Writer], sizes: list[int]) -> dict:
+@dataclass
+class BatchTotals:
+    """What every batch of a run did: per index, the run's notices, and seconds per stage summed over batches."""
+
+    indexes: list[IndexTotals]
+    notices: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def run_batches(cfg: InletConfig, batches: list[list[str]], sizes: list[int], run_dir: str, plans: list[IndexPlan],
+                writers: list[Writer]) -> BatchTotals:
     """Run every batch on the task runner; hand each finished batch to the writers in order; return the totals.
 
     sizes: each batch's listed bytes.
     """
-    totals = {"indexes": [{"extracted": [], "texts": {}, "usage": {}, "validation": []} for _ in plans],
-              "notices": [], "seconds": {}}
+    execution = cfg.execution
+    totals = BatchTotals([IndexTotals() for _ in plans])
     if not batches:
         return totals
+    storage = {s.name: s.storage_options for s in cfg.sources if s.uri is not None}
+    # Web pages are fetched into the artifact folder: workers read them back with its options.
+    storage |= {s.name: cfg.store.artifacts_options for s in cfg.sources if s.kind == "web"}
     spans: list[tuple[float, float]] = []
     # One document never fails a run; most documents failing alike stop it before any commit (runtime/isolate.py).
     breaker = Breaker(sum(len(b) for b in batches), execution.systemic_share, execution.systemic_min_docs)
@@ -217,13 +269,11 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
             start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
         # Batches in this process take what earlier ones sent to the models before the writer commits it.
         shared = uncommitted.sharing() if execution.task_runner == "thread" else contextlib.nullcontext()
-        # Prefect's annotations do not survive pickling (an opaque comes back wrapping a tuple): only threads get them.
-        unwalked = opaque_value if execution.task_runner == "thread" else lambda value: value
         with shared, make_task_runner(execution) as runner, \
                 stage_progress("batches", sum(len(b) for b in batches)) as advance:
             try:  # the Dask client connects on the first submission
-                futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": unwalked(extraction),
-                                                       "plans": unwalked(plans), "storage": unwalked(storage)})
+                futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": cfg.extraction,
+                                                       "plans": plans, "storage": storage})
                            for n in range(len(batches))]
             except OSError as exc:
                 if execution.dask_address is None:  # not a cluster we were pointed at
@@ -236,21 +286,21 @@ def _run_batches(execution: ExecutionConfig, extraction: ExtractionConfig, batch
                 breaker.observe(len(batches[n]), [e for work in done.indexes for e in work.errors])
                 breaker.check()  # before this batch reaches a writer
                 hold = breaker.undecided()
-                for writer, total, work in zip(writers, totals["indexes"], done.indexes):
+                for writer, total, work in zip(writers, totals.indexes, done.indexes):
                     writer.add(work, hold=hold)
-                    total["extracted"].append(work.extracted)
-                    total["texts"] = merge_usage(total["texts"], work.texts)
-                    total["usage"] = merge_usage(total["usage"], work.usage)
-                    total["validation"] = merge_validation(total["validation"], work.validation)
-                totals["notices"].extend(x for x in done.notices if x not in totals["notices"])
-                totals["seconds"] = merge_usage(totals["seconds"], done.seconds)
+                    total.extracted.append(work.extracted)
+                    total.texts = merge_usage(total.texts, work.texts)
+                    total.usage = merge_usage(total.usage, work.usage)
+                    total.validation = merge_validation(total.validation, work.validation)
+                totals.notices.extend(x for x in done.notices if x not in totals.notices)
+                totals.seconds = merge_usage(totals.seconds, done.seconds)
                 spans.append(done.span)
                 advance(len(batches[n]))
                 release_memory()
     finally:
         close_cpu_pool()
     # Stage seconds are summed over batches: with several workers they add up to more than the wall time.
-    totals["seconds"] = {k: round(v, 3) for k, v in totals["seconds"].items()}
+    totals.seconds = {k: round(v, 3) for k, v in totals.seconds.items()}
     # First batch start to last batch end: the batches' own time, without the runner's start-up.
-    totals["seconds"]["batch span"] = round(max(e for _, e in spans) - min(b for b, _ in spans), 3)
+    totals.seconds["batch span"] = round(max(e for _, e in spans) - min(b for b, _ in spans), 3)
     return totals

@@ -11,16 +11,9 @@ from prefect.artifacts import create_markdown_artifact
 
 from providers.embedders import embedder_spec
 from schemas.config import InletConfig, load_config
+from store.maintenance import published_at_latest, republish
 from store.tables import use_store_options, writer_lock
-from tasks.maintain import (
-    CHECKS,
-    compact_stage,
-    index_stage,
-    integrity_stage,
-    published_at_latest,
-    repair_stage,
-    republish,
-)
+from tasks.maintain import CHECKS, compact_stage, index_stage, integrity_stage, repair_stage
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from datetime import datetime
-
 import pyarrow as pa
 
 from flows.batch import IndexWork
 from runtime.clock import Stopwatch
-from store.commit import LoadResult
-from store.tables import QUARANTINE
+from store.commit import CommitTarget, LoadResult
 from tasks import uncommitted
 from tasks.load import fulltext_stage, publish_stage, upsert_stage
 
@@ -23,16 +19,10 @@ class Writer:
     finish() publishes the run's last version.
     """
 
-    def __init__(self, store_uri: str, documents_path: str, *, commit_rows: int, chunks_table: str,
-                 documents_table: str, dim: int, settings_fp: str, run_id: str, now: datetime, batches: int = 0,
-                 quarantine_table: str = QUARANTINE,
-                 fulltext_index: bool = False, known: pa.Table | None = None, inflight_dir: str | None = None) -> None:
-        self._store, self._documents, self._commit_rows = store_uri, documents_path, commit_rows
+    def __init__(self, target: CommitTarget, documents_path: str, *, commit_rows: int, batches: int = 0,
+                 fulltext_index: bool = False, known: pa.Table | None = None) -> None:
         # known: the documents table read at the run's start, so that no group reads it again (see commit_group).
-        self._args = {"chunks_table": chunks_table, "documents_table": documents_table,
-                      "quarantine_table": quarantine_table, "dim": dim,
-                      "settings_fp": settings_fp, "run_id": run_id, "now": now, "known": known,
-                      "inflight_dir": inflight_dir}
+        self.target, self._documents, self._commit_rows, self._known = target, documents_path, commit_rows, known
         self._batches, self._fulltext = batches, fulltext_index
         self._received = 0
         self._pending: list[IndexWork] = []
@@ -59,7 +49,7 @@ class Writer:
         if not self._committed and self._batches - self._received == 1:
             self._commit(last=False)
             if self._fulltext:
-                self.clock.run("index", fulltext_stage, self._store, self._args["chunks_table"])
+                self.clock.run("index", fulltext_stage, self.target.store_uri, self.target.chunks_table)
 
     def _group_size(self) -> int:
         """The number of pending batches in the next group: the fewest that hold commit_rows rows."""
@@ -76,24 +66,25 @@ class Writer:
 
     def _commit_group(self, *, last: bool, count: int | None) -> None:
         group, self._pending = (self._pending, []) if count is None else (self._pending[:count], self._pending[count:])
-        done = upsert_stage(self._store, self._documents, [b.extracted for b in group],
-                            [b.embedded for b in group], last=last, **self._args)
+        done = upsert_stage(self.target, self._documents, [b.extracted for b in group], [b.embedded for b in group],
+                            last=last, known=self._known)
         uncommitted.forget(b.embedded.rsplit("/", 1)[0] for b in group)
         self._committed = True
         for name in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written", "docs_quarantined"):
-            setattr(self.result, name, getattr(self.result, name) + done[name])
-        self.result.versions.update(done["versions"])
+            setattr(self.result, name, getattr(self.result, name) + getattr(done, name))
+        self.result.versions.update(done.versions)
 
-    def finish(self, *, fulltext_index: bool, ann_min_rows: int) -> dict:
+    def finish(self, *, ann_min_rows: int) -> LoadResult:
         """Commit the last group with the run's deletions, refresh indexes, tag and publish; return the totals.
 
         Both are task runs in every run, a no-op's too (its commit has nothing to write, its publish only tags
         the version readers already see with the run id): the Prefect UI shows every run's whole DAG.
         """
         self._commit(last=True)
-        published = self.clock.run("publish", publish_stage, self._store, self._args["chunks_table"],
-                                   self._args["run_id"], fulltext_index=fulltext_index, ann_min_rows=ann_min_rows)
-        self.result.indexes = published["indexes"]
-        if published["version"] is not None:
-            self.result.versions[self._args["chunks_table"]] = published["version"]
-        return asdict(self.result)
+        target = self.target
+        published = self.clock.run("publish", publish_stage, target.store_uri, target.chunks_table, target.run_id,
+                                   fulltext_index=self._fulltext, ann_min_rows=ann_min_rows)
+        self.result.indexes = published.indexes
+        if published.version is not None:
+            self.result.versions[target.chunks_table] = published.version
+        return self.result

@@ -1,1 +1,1 @@
-"""Plumbing the stages run on: artifacts, process pools, progress, failpoints, memory, the stage wrapper, isolation."""
+"""Plumbing the stages run on: artifacts, process pools, progress, failpoints, memory, isolation, the stopwatch."""

@@ -43,6 +43,21 @@ from store.tables import (
 _DOC_FIELDS = ["source", "title", "uri", "doc_type", "tags", "access_level", "language", "extra", "expires_at"]
 
 
+@dataclass(frozen=True)
+class CommitTarget:
+    """Where and as what a run commits one index: its tables, its vector size, its settings, the run's id and time."""
+
+    store_uri: str
+    chunks_table: str
+    documents_table: str = DOCUMENTS
+    quarantine_table: str = QUARANTINE
+    dim: int = 0
+    settings_fp: str = ""  # the index's settings fingerprint, kept on each documents row
+    run_id: str = ""
+    now: datetime | None = None  # the run's start: quarantine rows' "since"
+    inflight_dir: str | None = None  # where commit groups leave their in-flight markers (store/inflight.py)
+
+
 @dataclass
 class LoadResult:
     """What the upsert changed."""
@@ -367,11 +382,9 @@ def _chunk_reader(parts: Iterable[pa.Table], documents: pa.Table, extracted: pa.
     return pa.RecordBatchReader.from_batches(schema, batches())
 
 
-def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Table, extracted: pa.Table,
-                 embedded: pa.Table, *, dim: int, settings_fp: str, run_id: str, now: datetime,
-                 documents_table: str = DOCUMENTS, quarantine_table: str = QUARANTINE,
-                 parts: Callable[[], Iterable[pa.Table]] | None = None,
-                 known: pa.Table | None = None, inflight_dir: str | None = None) -> LoadResult:
+def commit_group(db: lancedb.DBConnection, target: CommitTarget, documents: pa.Table, extracted: pa.Table,
+                 embedded: pa.Table, *, parts: Callable[[], Iterable[pa.Table]] | None = None,
+                 known: pa.Table | None = None) -> LoadResult:
     """Commit one group of batches: chunks, then quarantine rows, then their documents' rows (the commit marker).
 
     documents holds the rows this group settles: the batches' documents, and in a run's last group the
@@ -380,10 +393,10 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
 
     known: the documents table as the run read it under the writer lock (read here if None). Its rows of this
     group's documents are still current: each document is in one group, and no other writer runs.
-    inflight_dir: where the group leaves its marker from before the chunk commit to after the documents commit
-    (store/inflight.py), so that a next run redoes these documents even if their files went back to old bytes.
+    target.inflight_dir: where the group leaves its marker from before the chunk commit to after the documents
+    commit (store/inflight.py), so that a next run redoes these documents even if their files went back to old bytes.
     """
-    known = known_documents(db, documents_table) if known is None else known
+    known = known_documents(db, target.documents_table) if known is None else known
     documents = with_own_metadata(documents, extracted)
     ok = _ids(extracted, pc.equal(extracted["status"], "ok"))
     deleted = _ids(documents, pc.equal(documents["change"], Change.DELETED))
@@ -392,12 +405,13 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
                  if withdraws(r)]
     scope = ok + deleted + withdrawn  # the documents whose chunks this group replaces
     result = LoadResult()
-    marker = inflight.mark(inflight_dir, run_id, scope) if inflight_dir and scope else None
+    marker = inflight.mark(target.inflight_dir, target.run_id, scope) if target.inflight_dir and scope else None
+    run_id, dim = target.run_id, target.dim
     if parts is None:  # embedded holds every column
-        chunks_version = commit_chunks(db, chunks_table, chunk_rows(embedded, documents, extracted, run_id, dim),
+        chunks_version = commit_chunks(db, target.chunks_table, chunk_rows(embedded, documents, extracted, run_id, dim),
                                        scope, dim, result, run_id=run_id)
     else:  # embedded holds chunk and doc ids and enrichment keys only; the rows come from parts, streamed
-        chunks_version = commit_chunks(db, chunks_table, _chunk_reader(parts(), documents, extracted, run_id, dim),
+        chunks_version = commit_chunks(db, target.chunks_table, _chunk_reader(parts(), documents, extracted, run_id, dim),
                                        scope, dim, result, num_rows=embedded.num_rows,
                                        new_ids=embedded["chunk_id"].to_pylist(), run_id=run_id)
     failpoint("chunks-committed")
@@ -405,17 +419,18 @@ def commit_group(db: lancedb.DBConnection, chunks_table: str, documents: pa.Tabl
     # are done. Committed after them, a kill in between left the list behind for good: a fixed document still
     # listed, a newly failed one missing (its documents row already held its hash, so no run did it again).
     failed = _ids(extracted, pc.equal(extracted["status"], "quarantined"))
-    quarantined = quarantine_rows(documents, extracted, run_id, now, stored_quarantine(db, failed, quarantine_table))
+    stored = stored_quarantine(db, failed, target.quarantine_table)
+    quarantined = quarantine_rows(documents, extracted, run_id, target.now, stored)
     result.docs_quarantined = quarantined.num_rows
-    q_version = upsert_keyed(db, quarantine_table, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
+    q_version = upsert_keyed(db, target.quarantine_table, "doc_id", quarantined, QUARANTINE_SCHEMA, ok + deleted)
     failpoint("quarantine-committed")
-    doc_rows = document_rows(documents, extracted, embedded, known, settings_fp, run_id, now)
-    docs_version = commit_documents(db, doc_rows, deleted, documents_table)
+    doc_rows = document_rows(documents, extracted, embedded, known, target.settings_fp, run_id, target.now)
+    docs_version = commit_documents(db, doc_rows, deleted, target.documents_table)
     failpoint("documents-committed")
     if marker is not None:
         inflight.done(marker)
-    result.versions = {k: v for k, v in {chunks_table: chunks_version, documents_table: docs_version,
-                                         quarantine_table: q_version}.items() if v is not None}
+    result.versions = {k: v for k, v in {target.chunks_table: chunks_version, target.documents_table: docs_version,
+                                         target.quarantine_table: q_version}.items() if v is not None}
     return result
 
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from filelock import FileLock, Timeout
 
-from schemas.arrow import DOCUMENT_ROWS_SCHEMA, conform
+from schemas.arrow import DOCUMENT_ROWS_SCHEMA, RUNS_SCHEMA, conform
 from schemas.errors import StoreBusyError, StoreError
 
 DOCUMENTS = "documents"
@@ -247,3 +247,12 @@ def _remote_writer_lock(uri: str, run: str, wait_s: float) -> Iterator[None]:
         raise StoreBusyError(msg) from None
     with held:
         yield
+
+
+def open_runs_table(db: lancedb.DBConnection, name: str = RUNS) -> lancedb.table.Table:
+    """Open the runs table, creating it, or adding columns that a newer Inlet records (null for old runs)."""
+    table = open_table(db, name)
+    if table is None:
+        return db.create_table(name, schema=RUNS_SCHEMA)
+    ensure_columns(table, RUNS_SCHEMA)
+    return table

@@ -10,13 +10,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from providers.tokenizer import count_tokens as _count_tokens
 from providers.tokenizer import encode, encoding, token_offsets
 from runtime.artifacts import read_artifact, write_artifact
 from runtime.cpu import map_parts, split_by_size
 from runtime.isolate import each_document, quarantined_by
-from runtime.stage import stage
 from schemas.arrow import CHUNKS_SCHEMA, ELEMENTS_SCHEMA
 from schemas.config import ChunkingConfig, ChunkStrategy
 from schemas.errors import UNEXPECTED, DocumentFailure
@@ -397,7 +398,7 @@ def chunk_elements(elements: pa.Table, cfg: ChunkingConfig) -> tuple[pa.Table, l
             [f for _, failures in done for f in failures])
 
 
-@stage("chunk")
+@task(name="chunk", cache_policy=NO_CACHE)
 def chunk_stage(elements_path: str, cfg: ChunkingConfig, run_dir: str, extracted_path: str) -> tuple[str, str]:
     """Read elements, chunk them, write the chunks artifact; quarantine documents whose chunking raised."""
     chunks, failures = chunk_elements(read_artifact(elements_path, ELEMENTS_SCHEMA), cfg)

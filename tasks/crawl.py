@@ -16,12 +16,12 @@ from pathlib import Path
 from urllib.parse import quote_from_bytes
 
 import pyarrow as pa
-from prefect import get_run_logger
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from pydantic import ValidationError
 from wcmatch import glob as wcglob
 
 from runtime.artifacts import join, write_artifact
-from runtime.stage import stage
 from schemas.arrow import LISTING_SCHEMA
 from schemas.config import InletConfig, SourceConfig, SourceMetadata
 from schemas.errors import ConfigError, ExtractionError
@@ -374,7 +374,7 @@ def crawl_sources(cfg: InletConfig, known: pa.Table | None = None,
     return pa.concat_tables(parts).combine_chunks(), failed, notices
 
 
-@stage("crawl")
+@task(name="crawl", cache_policy=NO_CACHE)
 def crawl_stage(cfg: InletConfig, run_dir: str, known: pa.Table | None = None) -> tuple[str, dict[str, str], list[str]]:
     """List the sources and write the listing artifact; return its path, failed sources and notices."""
     listing, failed, notices = crawl_sources(cfg, known, run_dir)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from prefect import get_run_logger
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from providers.embedders import embedder_spec
 from providers.enrichers import make_enricher
 from runtime.artifacts import read_artifact, write_artifact
-from runtime.stage import stage
 from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA, REFRESH_ENRICHMENT, Change, conform
 from schemas.config import InletConfig
 from schemas.errors import ConfigError
@@ -219,7 +219,7 @@ def refuse_unindexed_failures(origin: str, cfg: InletConfig, failed: dict[str, s
             raise ConfigError(msg)
 
 
-@stage("detect")
+@task(name="detect", cache_policy=NO_CACHE)
 def detect_stage(listing_path: str, known: pa.Table, settings_fp: str, cfg: InletConfig, run_dir: str,
                  retry_quarantined: bool = False, failed_sources: dict[str, str] | None = None,
                  allow_deletions: bool = False, interrupted: frozenset[str] = frozenset()) -> tuple[str, list[str]]:

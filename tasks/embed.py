@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from prefect import get_run_logger
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from providers.embedders import Embedder, embedder_spec, make_embedder
 from providers.gemini_batch import JobLedger, batch_polling
@@ -26,7 +28,6 @@ from runtime.isolate import (
     without_documents,
 )
 from runtime.progress import stage_progress
-from runtime.stage import stage
 from schemas.arrow import (
     EMBED_USAGE,
     ENRICHED_CHUNKS_SCHEMA,
@@ -183,16 +184,26 @@ class _ModelClock:
         return getattr(self.inner, name)
 
 
-@stage("embed")
+@dataclass(frozen=True)
+class Embedded:
+    """What the embed stage hands on: its artifact, the model usage and seconds, the extracted artifact after it."""
+
+    path: str  # the embedded chunks artifact
+    usage: dict[str, float]  # calls, tokens and dollars (EMBED_USAGE)
+    extracted: str
+    model_seconds: float = 0.0  # inside the embedder's calls: the model's time, not the pipeline's
+
+
+@task(name="embed", cache_policy=NO_CACHE)
 def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, enrichment: EnrichmentConfig,
-                pricing: PricingConfig, store_uri: str, chunks_table: str, run_dir: str, jobs_dir: str) -> dict:
+                pricing: PricingConfig, store_uri: str, chunks_table: str, run_dir: str, jobs_dir: str) -> Embedded:
     """Embed chunks whose vector is not already stored; write embedded_chunks; return its path and usage."""
     enriched = read_artifact(enriched_path, ENRICHED_CHUNKS_SCHEMA)
     spec = embedder_spec(cfg)
     schema = embedded_chunks_schema(spec.dim)
     if enriched.num_rows == 0:  # nothing to embed: do not load a model for it
-        return {"path": write_artifact(schema.empty_table(), run_dir, "embedded_chunks", schema),
-                "usage": {k: 0 for k in EMBED_USAGE}, "extracted": extracted_path}
+        return Embedded(write_artifact(schema.empty_table(), run_dir, "embedded_chunks", schema),
+                        {k: 0 for k in EMBED_USAGE}, extracted_path)
     enriched, inputs, failures = embedding_inputs(enriched, enrichment.delimiter)
     titles: list[str | None] = [None] * len(inputs)
     if spec.uses_titles:
@@ -223,5 +234,5 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
                           embedded.num_rows, embedded.num_rows - made, sum(embedded["truncated"].to_pylist()))
     path = write_artifact(embedded, run_dir, "embedded_chunks", schema)
     uncommitted.remember("embed", embedded.filter(embedded["embedded_now"])["embed_key"].to_pylist(), path)
-    return {"path": path, "usage": embedding_usage(embedder.inner, embedded, inputs, cfg, pricing),
-            "model_seconds": embedder.seconds, "extracted": quarantined_by(failures, extracted_path, run_dir, "embedded")}
+    return Embedded(path, embedding_usage(embedder.inner, embedded, inputs, cfg, pricing),
+                    quarantined_by(failures, extracted_path, run_dir, "embedded"), embedder.seconds)

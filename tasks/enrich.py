@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from prefect import get_run_logger
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from providers.enrichers import make_enricher
 from providers.gemini_batch import JobLedger, batch_polling
@@ -26,7 +27,6 @@ from runtime.isolate import (
     without_documents,
 )
 from runtime.progress import stage_progress
-from runtime.stage import stage
 from schemas.arrow import (
     CHUNKS_SCHEMA,
     ENRICH_USAGE,
@@ -186,9 +186,18 @@ def enrichment_usage(enricher: Enricher | None, before: Usage, enriched: pa.Tabl
     }
 
 
-@stage("enrich")
+@dataclass(frozen=True)
+class Enriched:
+    """What the enrich stage hands on: its artifact, the model usage, the extracted artifact after its quarantines."""
+
+    path: str  # the enriched chunks artifact
+    usage: dict[str, float]  # calls, tokens and dollars (ENRICH_USAGE)
+    extracted: str
+
+
+@task(name="enrich", cache_policy=NO_CACHE)
 def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, pricing: PricingConfig,
-                 store_uri: str, chunks_table: str, run_dir: str, jobs_dir: str) -> dict:
+                 store_uri: str, chunks_table: str, run_dir: str, jobs_dir: str) -> Enriched:
     """Enrich chunks whose enrichment is not already stored; write enriched_chunks; return its path and usage."""
     chunks = read_artifact(chunks_path, CHUNKS_SCHEMA)
     enricher = make_enricher(cfg) if cfg.enabled else None
@@ -237,5 +246,5 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
                               enriched.num_rows, enriched.num_rows - made - failed, failed)
     path = write_artifact(enriched, run_dir, "enriched_chunks", ENRICHED_CHUNKS_SCHEMA)
     uncommitted.remember("enrich", enriched.filter(enriched["enriched_now"])["enrich_key"].to_pylist(), path)
-    return {"path": path, "usage": usage, "extracted": quarantined_by(failures, extracted_path, run_dir, "enriched")}
+    return Enriched(path, usage, quarantined_by(failures, extracted_path, run_dir, "enriched"))
 

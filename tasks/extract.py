@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import atexit
 import functools
 import hashlib
-import multiprocessing
 import re
-import threading
 import zipfile
 from collections.abc import Callable
-from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import yaml
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from runtime.artifacts import read_artifact, write_artifact
-from runtime.cpu import map_parts, split_by_size, worker_context
+from runtime.cpu import map_parts, split_by_size
+from runtime.extraction import IN_PROCESS_NOTICE, can_start_workers, shared_pool
 from runtime.progress import stage_progress
-from runtime.stage import stage
-from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA
+from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA, WORK
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError, unexpected
 from tasks.clean import (
@@ -428,15 +426,17 @@ def read_document(path: str, cfg: ExtractionConfig, member: str | None = None,
 
 
 def extract_isolated(doc_id: str, path: str, cfg: ExtractionConfig, member: str | None = None,
-                     detect: bool = False, storage_options: dict | None = None) -> Extracted | ExtractionError:
+                     detect: bool = False, storage_options: dict | None = None,
+                     in_worker: bool = False) -> Extracted | ExtractionError:
     """Extract one document, returning the error that quarantines it instead of raising (the per-document boundary).
 
     Any exception counts, MemoryError and RecursionError included: parsers are untrusted code. Returned, not
     raised, so that it crosses back from a worker process whatever the exception's own pickling.
+    in_worker: an extraction worker's call, which first needs the partitioners (see partitioners_ready).
     """
     try:
-        if _WORKER_BROKEN is not None:  # a broken install fails every document alike: the breaker's case
-            raise _WORKER_BROKEN
+        if in_worker and (broken := partitioners_ready()) is not None:  # a broken install fails every document alike
+            raise broken
         return extract_document(doc_id, path, cfg, member, detect, storage_options)
     except ExtractionError as exc:
         return exc
@@ -459,8 +459,6 @@ def extract_document(doc_id: str, path: str, cfg: ExtractionConfig, member: str 
 
 _PARTITIONERS = ["unstructured.partition.pdf", "unstructured.partition.docx", "unstructured.partition.html",
                  "unstructured.partition.xml", "unstructured.partition.text"]
-
-_WORKER_BROKEN: Exception | None = None  # why an extraction worker cannot partition (imports, spaCy model)
 
 SPACY_MODEL = "en_core_web_sm"
 
@@ -487,15 +485,18 @@ def require_spacy_model() -> None:
             f"and its alias package third_party/en_core_web_sm")
 
 
-def _import_partitioners() -> None:
-    """Import unstructured's partitioners and load its spaCy model in a new extraction worker, before any document.
+@functools.cache
+def partitioners_ready() -> Exception | None:
+    """Import unstructured's partitioners and load its spaCy model, once per process; return what failed, if anything.
 
-    Seconds of imports per worker, kept out of the first document's time limit; the forkserver itself
-    stays light so that the CPU pool's workers (Markdown, chunking) start at once.
+    An extraction worker runs it before any document (its initializer), keeping seconds of imports out of the
+    first document's time limit; the forkserver itself stays light so that the CPU pool's workers (Markdown,
+    chunking) start at once. A failure is returned, not raised: raised, it would kill every worker at birth and
+    every document would read "workers expired"; returned, each document of the worker gets it and the run's
+    systemic-failure breaker names the real cause.
     """
     import importlib
 
-    global _WORKER_BROKEN
     try:
         for name in _PARTITIONERS:
             importlib.import_module(name)
@@ -503,99 +504,11 @@ def _import_partitioners() -> None:
         from unstructured.nlp.tokenize import pos_tag
 
         pos_tag("The worker loads the model.")  # unstructured loads its pipeline on first use: here, not in a document
-    except Exception as exc:  # noqa: BLE001 - kept for each document: the breaker then names the real cause
-        # Raised here, it would kill every worker at birth, and every document would read "workers expired".
-        _WORKER_BROKEN = exc
+    except Exception as exc:  # noqa: BLE001 - kept for each document of this worker
+        return exc
+    return None
 
 
-class ExtractionPool:
-    """Worker processes for non-Markdown documents, each extraction under extraction.timeout_s.
-
-    A document past its time limit has its worker killed (quarantined as timeout); a worker that
-    dies (a parser crash, the OOM killer) costs only its document (corrupt). The run goes on.
-    """
-
-    def __init__(self, cfg: ExtractionConfig) -> None:
-        import pebble
-
-        self._cfg = cfg
-        self._pool = pebble.ProcessPool(max_workers=cfg.workers, context=worker_context(),
-                                        initializer=_import_partitioners)
-
-    def submit(self, doc_id: str, path: str, detect: bool = False, storage_options: dict | None = None) -> object:
-        """Schedule one document; its time limit starts when a worker picks it up."""
-        return self._pool.schedule(extract_isolated, args=(doc_id, path, self._cfg, None, detect, storage_options),
-                                   timeout=self._cfg.timeout_s)
-
-    def result(self, future: object) -> Extracted:
-        """Wait for one document; raise ExtractionError for a time-out, a dead worker or anything it raised."""
-        from pebble import ProcessExpired
-
-        try:
-            result = future.result()
-        except TimeoutError:
-            raise ExtractionError("timeout", f"extraction ran past the {self._cfg.timeout_s:g} s limit") from None
-        except ProcessExpired as exc:
-            raise ExtractionError("corrupt", f"the parser process died (exit code {exc.exitcode})") from None
-        except ExtractionError:
-            raise
-        except CancelledError:  # the pool was stopped (another extraction config took over): not this document
-            raise
-        except Exception as exc:  # noqa: BLE001 - whatever came back from the worker is this document's
-            raise unexpected(exc) from None
-        if isinstance(result, ExtractionError):
-            raise result
-        return result
-
-    def close(self) -> None:
-        """Stop the workers."""
-        self._pool.stop()
-        self._pool.join()
-
-
-_POOLS: dict[ExtractionConfig, ExtractionPool] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def shared_pool(cfg: ExtractionConfig) -> ExtractionPool:
-    """Return this process's extraction pool for cfg, started on first use and kept for later runs.
-
-    Batches running in threads of one process share it, and so do later runs in the same process
-    (tests, notebooks, benchmarks): the workers' start-up, seconds of imports each, is paid once per
-    process, not once per run. A pool for another extraction config is stopped when this one starts;
-    every pool stops when the process exits. Deployments run each flow run in a process of its own,
-    so a served or worker-run flow holds no idle workers between runs.
-    """
-    with _POOLS_LOCK:
-        stale = [_POOLS.pop(kept) for kept in list(_POOLS) if kept != cfg]
-        if cfg not in _POOLS:
-            _POOLS[cfg] = ExtractionPool(cfg)
-        pool = _POOLS[cfg]
-    for old in stale:
-        old.close()
-    return pool
-
-
-def close_pools() -> None:
-    """Stop every extraction pool of this process (at exit)."""
-    with _POOLS_LOCK:
-        pools = list(_POOLS.values())
-        _POOLS.clear()
-    for pool in pools:
-        pool.close()
-
-
-atexit.register(close_pools)  # a no-op in a process that never started a pool
-
-
-def can_start_workers() -> bool:
-    """Tell whether this process may start extraction workers: a daemonic one (a Dask worker by default) may not."""
-    return not multiprocessing.current_process().daemon
-
-
-IN_PROCESS_NOTICE = ("this worker process is daemonic (Dask's default, distributed.worker.daemon): non-Markdown "
-                     "documents were extracted in it, without extraction.timeout_s. Start Dask workers with "
-                     "--no-nanny or distributed.worker.daemon: false to keep the time limit")
 
 
 def _in_process(doc: dict) -> bool:
@@ -644,10 +557,10 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig, advance: Calla
     """
     storage = storage or {}
     limit = cfg.max_file_mb * 1024 * 1024
-    todo = documents.filter(pa.compute.is_in(documents["change"], pa.array(["new", "changed"]))).to_pylist()
+    todo = documents.filter(pa.compute.is_in(documents["change"], pa.array(WORK))).to_pylist()
     # A daemonic process cannot have children: it extracts everything itself (the stage says so).
     pooled = [d for d in todo if d["size"] <= limit and not _in_process(d)] if can_start_workers() else []
-    pool = shared_pool(cfg) if pooled else None
+    pool = shared_pool(cfg, extract_isolated, partitioners_ready) if pooled else None
     # Detection only where neither the source nor (later) the document says which language it is in.
     futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"], d["language"] is None, storage.get(d["source"]))
                for d in pooled}
@@ -682,20 +595,17 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig, advance: Calla
             pa.Table.from_pylist(extracted, schema=EXTRACTED_SCHEMA))
 
 
-@stage("extract")
+@task(name="extract", cache_policy=NO_CACHE)
 def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str,
                   storage: dict[str, dict] | None = None) -> tuple[str, str, list[str]]:
     """Extract new and changed documents; write elements and extracted artifacts."""
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
-    todo = [d for d in documents.select(["path", "member", "change"]).to_pylist() if d["change"] in ("new", "changed")]
+    todo = [d for d in documents.select(["path", "member", "change"]).to_pylist() if d["change"] in WORK]
     notices = []
     if any(not _in_process(d) for d in todo) and not can_start_workers():
         notices.append(IN_PROCESS_NOTICE)
     with stage_progress("extract", len(todo)) as advance:
         elements, extracted = extract_documents(documents, cfg, advance, storage)
-    # Imported here, not at the top: the CPU pool's workers import this module without Prefect.
-    from prefect import get_run_logger
-
     failed = extracted.filter(pa.compute.equal(extracted["status"], "quarantined"))
     logger = get_run_logger()
     logger.info("extracted %d documents into %d elements; %d quarantined", len(todo), elements.num_rows, failed.num_rows)

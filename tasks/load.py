@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from datetime import datetime
+from dataclasses import dataclass
 
 import pyarrow as pa
-from prefect import get_run_logger
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from runtime.artifacts import read_artifact
 from runtime.failpoints import failpoint
-from runtime.stage import stage
 from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, embedded_chunks_schema
 from store.commit import (
+    CommitTarget,
     LoadResult,
     commit_group,
     create_fulltext_index,
@@ -29,13 +29,11 @@ from store.tables import connect, open_table
 _KEY_COLUMNS = ["chunk_id", "doc_id", "enricher", "enrich_key"]  # what the commits need of a group's embedded chunks
 
 
-@stage("upsert")
-def upsert_stage(store_uri: str, documents_path: str, extracted_paths: list[str], embedded_paths: list[str], *,
-                 last: bool, chunks_table: str, documents_table: str, quarantine_table: str, dim: int,
-                 settings_fp: str, run_id: str,
-                 now: datetime, known: pa.Table | None = None, inflight_dir: str | None = None) -> dict:
+@task(name="upsert", cache_policy=NO_CACHE)
+def upsert_stage(target: CommitTarget, documents_path: str, extracted_paths: list[str], embedded_paths: list[str], *,
+                 last: bool, known: pa.Table | None = None) -> LoadResult:
     """Commit a group of finished batches (the last group also commits deletions) to LanceDB."""
-    schema = embedded_chunks_schema(dim)
+    schema = embedded_chunks_schema(target.dim)
     extracted = (pa.concat_tables([read_artifact(p, EXTRACTED_SCHEMA) for p in extracted_paths])
                  if extracted_paths else EXTRACTED_SCHEMA.empty_table())
     # The group's rows are read twice, batch by batch: their keys now, whole rows while LanceDB merges them.
@@ -44,41 +42,46 @@ def upsert_stage(store_uri: str, documents_path: str, extracted_paths: list[str]
     documents = settled_documents(read_artifact(documents_path, DOCUMENTS_SCHEMA), extracted["doc_id"].to_pylist(), last)
     if not documents.num_rows and not extracted.num_rows:  # a run that changed nothing: no table is touched
         get_run_logger().info("nothing to commit")
-        return asdict(LoadResult())
-    result = commit_group(connect(store_uri), chunks_table, documents, extracted, keys, dim=dim,
-                          settings_fp=settings_fp, run_id=run_id, now=now, documents_table=documents_table,
-                          quarantine_table=quarantine_table,
-                          parts=lambda: (read_artifact(p, schema) for p in embedded_paths), known=known,
-                          inflight_dir=inflight_dir)
+        return LoadResult()
+    result = commit_group(connect(target.store_uri), target, documents, extracted, keys,
+                          parts=lambda: (read_artifact(p, schema) for p in embedded_paths), known=known)
     get_run_logger().info("chunks: %d added, %d removed, %d reused, %d rows written", result.chunks_added,
                           result.chunks_removed, result.chunks_reused, result.chunks_written)
     failpoint("group-committed")
-    return asdict(result)
+    return result
 
 
-@stage("publish")
-def publish_stage(store_uri: str, chunks_table: str, run_id: str, *, fulltext_index: bool, ann_min_rows: int) -> dict:
+@dataclass(frozen=True)
+class Published:
+    """What the publish stage did: the chunks table's index coverage and the version readers now see."""
+
+    indexes: dict[str, dict[str, int]]
+    version: int | None  # None: the run made no chunks table
+
+
+@task(name="publish", cache_policy=NO_CACHE)
+def publish_stage(store_uri: str, chunks_table: str, run_id: str, *, fulltext_index: bool, ann_min_rows: int) -> Published:
     """Bring the chunks table's indexes up to date, then tag the version and publish it to readers.
 
     A version readers already see (a run that changed nothing) is only tagged with the run id.
     """
     table = open_table(connect(store_uri), chunks_table)
     if table is None:
-        return {"indexes": {}, "version": None}
+        return Published({}, None)
     if published_current(table, fulltext=fulltext_index):
         tag_version(table, run_id)
         get_run_logger().info("nothing new to publish: version %d tagged %s", table.version, run_id)
-        return {"indexes": index_coverage(table), "version": table.version}
+        return Published(index_coverage(table), table.version)
     # Before the tag, so that the run's tagged version carries current indexes.
     indexes = refresh_indexes(table, fulltext=fulltext_index, ann_min_rows=ann_min_rows)
     failpoint("indexed")
     publish(table, run_id)
     failpoint("published")
-    return {"indexes": indexes, "version": table.version}
+    return Published(indexes, table.version)
 
 
-@stage("index")
-def fulltext_stage(store_uri: str, chunks_table: str) -> dict:
+@task(name="index", cache_policy=NO_CACHE)
+def fulltext_stage(store_uri: str, chunks_table: str) -> dict[str, dict[str, int]]:
     """Build the chunks table's full-text index over what is committed so far, if it has none; return coverage."""
     table = open_table(connect(store_uri), chunks_table)
     if table is not None and index_state(table, "text")[0] is None:

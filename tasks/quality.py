@@ -9,22 +9,20 @@ happens: `quarantine` (the documents of the failing rows are quarantined with th
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from prefect import get_run_logger
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
+from providers import gx
 from runtime.artifacts import read_artifact, write_artifact
 from runtime.isolate import failing_items, fails_the_run, quarantined_by, without_documents
-from runtime.stage import stage
 from schemas.arrow import (
     DOCUMENTS_SCHEMA,
     ELEMENTS_SCHEMA,
@@ -135,47 +133,6 @@ def scalar_view(table: pa.Table) -> pa.Table:
             .append_column("vector_norm", pa.array(norms, pa.float64())))
 
 
-_GX = threading.Lock()  # batches in threads share one context; a validation takes a few ms
-
-
-@cache
-def _context() -> Any:
-    """The process's ephemeral GX context, without progress bars or a data docs site (Inlet builds no docs).
-
-    great_expectations is imported here, on first use: a run with no batch to validate (a no-op) never pays
-    its import (~1.7 s with this context).
-    """
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import (
-        DataContextConfig,
-        InMemoryStoreBackendDefaults,
-        ProgressBarsConfig,
-    )
-
-    # Its INFO lines would reach cron mail; GX sets levels on its own loggers when imported, so these are set
-    # after the import.
-    for name in [n for n in logging.root.manager.loggerDict if n.startswith("great_expectations")]:
-        logging.getLogger(name).setLevel(logging.WARNING)
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)
-    config = DataContextConfig(store_backend_defaults=InMemoryStoreBackendDefaults(),
-                               progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False))
-    return gx.get_context(mode="ephemeral", project_config=config)
-
-
-@cache
-def _whole_frame(frame: str) -> Any:
-    """One data source and one dataframe asset per view for the process: each validation hands them new frames.
-
-    Adding and deleting a data source per validation made the context save its config each time (~60 ms).
-    """
-    return _source().add_dataframe_asset(frame).add_batch_definition_whole_dataframe("whole")
-
-
-@cache
-def _source() -> Any:
-    return _context().data_sources.add_or_update_pandas("inlet")
-
-
 def validate(artifact: str, table: pa.Table, suite: list[Check]) -> list[Outcome]:
     """Run a suite over an Arrow artifact with GX; return each check's outcome and failing rows."""
     return validate_together(table, {artifact: suite})
@@ -196,19 +153,10 @@ def validate_together(table: pa.Table, suite_of: dict[str, list[Check]]) -> list
     judged = [c.kwargs.get("column") for _, c in tagged]
     if None not in judged:
         view = view.select([name for name in view.column_names if name in judged])
-    frame = view.to_pandas()
     name = "+".join(suite_of)
-    with _GX:
-        batch = _whole_frame(name).get_batch(batch_parameters={"dataframe": frame})
-        # Pass or fail first (~3x cheaper than listing rows: GX skips the unexpected-value metrics); only the
-        # checks that failed run again for their failing rows, so a clean batch never pays for the lists.
-        passed = {r.expectation_config.meta["check"]: bool(r.success)
-                  for r in batch.validate(_suite(name, tagged), result_format="BOOLEAN_ONLY").results}
-        failed = [(a, c) for a, c in tagged if not passed[f"{a}.{c.name}"]]
-        detail = batch.validate(_suite(name, failed), result_format="COMPLETE").results if failed else []
-    docs = table["doc_id"].to_pylist() if failed and "doc_id" in table.column_names else None
-    rows_of = {r.expectation_config.meta["check"]: tuple(sorted(r.result.get("unexpected_index_list") or ()))
-               for r in detail}
+    passed, rows_of = gx.check_frame(name, view.to_pandas(),
+                                     [(f"{a}.{c.name}", c.expectation, c.kwargs) for a, c in tagged])
+    docs = table["doc_id"].to_pylist() if rows_of and "doc_id" in table.column_names else None
     outcomes = []
     for artifact, check in tagged:
         key = f"{artifact}.{check.name}"
@@ -216,14 +164,6 @@ def validate_together(table: pa.Table, suite_of: dict[str, list[Check]]) -> list
         failed_docs = tuple(sorted({docs[i] for i in rows if docs[i] is not None})) if docs else ()
         outcomes.append(Outcome(artifact, check.name, check.severity, passed[key], rows, failed_docs))
     return outcomes
-
-
-def _suite(name: str, tagged: list[tuple[str, Check]]) -> Any:
-    """A GX suite of the checks: GX's own expectation classes, each tagged in its meta with artifact and check."""
-    import great_expectations as gx
-
-    return gx.ExpectationSuite(name=name, expectations=[
-        getattr(gx.expectations, c.expectation)(**c.kwargs, meta={"check": f"{a}.{c.name}"}) for a, c in tagged])
 
 
 def gate(outcomes: list[Outcome]) -> dict[str, str]:
@@ -275,22 +215,32 @@ def validate_documents(views: dict[str, pa.Table], suite_of: dict[str, dict[str,
     return run([d for r, d in enumerate(ids) if r not in bad]), failures
 
 
+@dataclass(frozen=True)
+class Validated:
+    """What the validate stage hands on: the artifacts to commit, the checks' outcomes, GX's start-up seconds."""
+
+    extracted: str  # the extracted artifact, with documents that failed a quarantine check marked
+    embedded: str  # the embedded chunks artifact, without their rows
+    validation: list[dict]  # one row per artifact and check (outcome_rows)
+    setup_seconds: float  # GX's import and context, paid by a process's first validation
+
+
 def outcome_rows(outcomes: list[Outcome], sizes: dict[str, int]) -> list[dict]:
     """Summarise outcomes for the run report: one row per artifact and check."""
     return [{"artifact": o.artifact, "check": o.check, "severity": o.severity, "rows": sizes.get(o.artifact, 0),
              "failed": len(o.failed_rows), "documents": list(o.failed_docs)} for o in outcomes]
 
 
-@stage("validate")
+@task(name="validate", cache_policy=NO_CACHE)
 def validate_stage(documents_path: str, elements_path: str, extracted_path: str, embedded_path: str,
-                   cfg: QualityConfig, max_tokens: int, dim: int, run_dir: str) -> dict:
+                   cfg: QualityConfig, max_tokens: int, dim: int, run_dir: str) -> Validated:
     """Validate this run's artifacts before the upsert; quarantine or stop as the checks' severities say."""
     if not cfg.enabled:
         get_run_logger().info("validation is off (quality.enabled: false): nothing checked")
-        return {"extracted": extracted_path, "embedded": embedded_path, "validation": [], "setup_seconds": 0.0}
+        return Validated(extracted_path, embedded_path, [], 0.0)
     # GX's import and context: paid by a process's first validation, reported apart as start-up, not work.
     start = time.perf_counter()
-    _context()
+    gx.context()
     setup_seconds = time.perf_counter() - start
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
     documents = documents.filter(pc.is_in(documents["change"], pa.array(WORK)))
@@ -318,9 +268,7 @@ def validate_stage(documents_path: str, elements_path: str, extracted_path: str,
             logger.warning("check %s.%s (%s): %d of %d rows failed", row["artifact"], row["check"],
                            row["severity"], row["failed"], row["rows"])
     if not reasons and not failures:  # nothing held back: the artifacts stand as they are
-        return {"extracted": extracted_path, "embedded": embedded_path, "validation": summary,
-                "setup_seconds": setup_seconds}
+        return Validated(extracted_path, embedded_path, summary, setup_seconds)
     extracted, embedded = quarantine_invalid(extracted, embedded, reasons)
-    return {"extracted": write_artifact(extracted, run_dir, "extracted-validated", EXTRACTED_SCHEMA),
-            "embedded": write_artifact(embedded, run_dir, "embedded_chunks-validated", schema),
-            "validation": summary, "setup_seconds": setup_seconds}
+    return Validated(write_artifact(extracted, run_dir, "extracted-validated", EXTRACTED_SCHEMA),
+                     write_artifact(embedded, run_dir, "embedded_chunks-validated", schema), summary, setup_seconds)

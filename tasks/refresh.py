@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from prefect import get_run_logger
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from runtime.artifacts import read_artifact, write_artifact
-from runtime.stage import stage
 from schemas.arrow import (
     CHUNKS_SCHEMA,
     DOCUMENTS_SCHEMA,
@@ -44,7 +44,7 @@ def stored_work(stored: pa.Table, documents: pa.Table) -> tuple[pa.Table, pa.Tab
     return stored.select(CHUNKS_SCHEMA.names).cast(CHUNKS_SCHEMA), extracted
 
 
-@stage("refresh enrichment")
+@task(name="refresh enrichment", cache_policy=NO_CACHE)
 def refresh_stage(documents_path: str, chunks_path: str, extracted_path: str, store_uri: str, chunks_table: str,
                   run_dir: str) -> tuple[str, str]:
     """Add the stored chunks of stale-enrichment documents to this run's chunks and extracted artifacts."""

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from datetime import datetime
 
-import lancedb
 import pyarrow as pa
 import pyarrow.compute as pc
-from prefect import get_run_logger
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
 
 from runtime.artifacts import read_artifact, write_artifact
 from runtime.failpoints import failpoint
-from runtime.stage import stage
 from schemas.arrow import (
     DOCUMENTS_SCHEMA,
     EXTRACTED_SCHEMA,
@@ -22,7 +22,8 @@ from schemas.arrow import (
     RUNS_SCHEMA,
     Change,
 )
-from store.tables import RUNS, connect, ensure_columns, open_table
+from store.commit import LoadResult
+from store.tables import RUNS, connect, open_runs_table
 from tasks.access import raised_and_lowered
 from tasks.enrich import failed_enrichments
 from tasks.refresh import refresh_ids
@@ -66,7 +67,7 @@ def declared_levels(documents: pa.Table, extracted: pa.Table) -> tuple[list[str]
     return [rows[i]["doc_id"] for i in raised], notices
 
 
-def summarize_run(documents: pa.Table, extracted: pa.Table, texts: dict[str, int], load: dict,
+def summarize_run(documents: pa.Table, extracted: pa.Table, texts: dict[str, int], load: LoadResult,
                   usage: dict | None = None) -> dict:
     """Count what the run did, stage by stage, and what its model calls cost."""
     changes = dict.fromkeys(Change, 0)
@@ -79,7 +80,7 @@ def summarize_run(documents: pa.Table, extracted: pa.Table, texts: dict[str, int
         "docs_quarantined": len(failed),
         "docs_refreshed": len(refresh_ids(documents)),
         "docs_access_raised": len(raised),
-        **{k: load[k] for k in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written")},
+        **{k: getattr(load, k) for k in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written")},
         **{k: texts.get(k, 0) for k in ("texts_enriched", "texts_embedded", "texts_truncated", "texts_enrich_failed")},
         **total_usage(usage or {}),
         "quarantined": [{"doc_id": f["doc_id"], "stage": f["stage"] or "extract", "reason": f["reason"],
@@ -94,15 +95,6 @@ def runs_row(summary: dict, *, run_id: str, started: datetime, finished: datetim
            "config_fp": config_fp, **{k: summary[k] for k in (*RUN_COUNTS, *RUN_USAGE)},
            "stage_seconds": json.dumps(stage_seconds), "versions": json.dumps(versions), "notices": notices}
     return pa.Table.from_pylist([row], schema=RUNS_SCHEMA)
-
-
-def open_runs_table(db: lancedb.DBConnection, name: str = RUNS) -> lancedb.table.Table:
-    """Open the runs table, creating it, or adding columns that a newer Inlet records (null for old runs)."""
-    table = open_table(db, name)
-    if table is None:
-        return db.create_table(name, schema=RUNS_SCHEMA)
-    ensure_columns(table, RUNS_SCHEMA)
-    return table
 
 
 def summary_table(summary: dict, stage_seconds: dict[str, float], versions: dict[str, int], run_id: str,
@@ -149,33 +141,54 @@ def quarantine_markdown(quarantined: list[dict], notices: list[str], validation:
     return "\n".join(lines)
 
 
-@stage("report")
-def report_stage(documents_path: str, extracted_paths: list[str], texts: dict[str, int], load: dict, *, usage: dict,
-                 store_uri: str, run_id: str, started: datetime, finished: datetime, config_fp: str,
-                 stage_seconds: dict[str, float], notices: list[str], run_dir: str, runs_table: str = RUNS,
-                 artifact_key: str = "ingest-run-summary", validation: list[dict] | None = None) -> dict:
+@dataclass(frozen=True)
+class RunInfo:
+    """Which run this is and where it is recorded, for one index: the main one or a variant."""
+
+    run_id: str
+    started: datetime
+    store_uri: str
+    run_dir: str  # the index's folder in the run
+    runs_table: str = RUNS
+    config_fp: str = ""
+    artifact_key: str = "ingest-run-summary"  # the Prefect artifact's key; a variant's carries its name
+
+
+@dataclass
+class IndexTotals:
+    """One index's work over all the batches of a run, as the report counts it."""
+
+    extracted: list[str] = field(default_factory=list)  # every batch's extracted artifact
+    texts: dict[str, int] = field(default_factory=dict)  # texts enriched, embedded, truncated, enrichment failed
+    usage: dict[str, float] = field(default_factory=dict)  # model calls, tokens and dollars
+    validation: list[dict] = field(default_factory=list)  # the data-quality checks' outcomes, summed
+
+
+@task(name="report", cache_policy=NO_CACHE)
+def report_stage(run: RunInfo, documents_path: str, totals: IndexTotals, load: LoadResult, *, finished: datetime,
+                 stage_seconds: dict[str, float], notices: list[str]) -> dict:
     """Append the run to the runs table, write it as the run artifact and return the run summary."""
-    validation = validation or []
-    extracted = (pa.concat_tables([read_artifact(p, EXTRACTED_SCHEMA) for p in extracted_paths])
-                 if extracted_paths else EXTRACTED_SCHEMA.empty_table())
+    validation = totals.validation
+    extracted = (pa.concat_tables([read_artifact(p, EXTRACTED_SCHEMA) for p in totals.extracted])
+                 if totals.extracted else EXTRACTED_SCHEMA.empty_table())
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
-    summary = summarize_run(documents, extracted, texts, load, usage)
+    summary = summarize_run(documents, extracted, totals.texts, load, totals.usage)
     notices = [*notices, *declared_levels(documents, extracted)[1]]
-    row = runs_row(summary, run_id=run_id, started=started, finished=finished, status="completed",
-                   config_fp=config_fp, stage_seconds=stage_seconds, versions=load["versions"], notices=notices)
-    write_artifact(row, run_dir, "run", RUNS_SCHEMA)
-    open_runs_table(connect(store_uri), runs_table).add(row)
+    row = runs_row(summary, run_id=run.run_id, started=run.started, finished=finished, status="completed",
+                   config_fp=run.config_fp, stage_seconds=stage_seconds, versions=load.versions, notices=notices)
+    write_artifact(row, run.run_dir, "run", RUNS_SCHEMA)
+    open_runs_table(connect(run.store_uri), run.runs_table).add(row)
     failpoint("reported")
     # Shown on the flow run's Artifacts tab; one stable key per artifact keeps the history together.
-    create_table_artifact(key=artifact_key, description=f"Inlet run {run_id}",
-                          table=summary_table(summary, stage_seconds, load["versions"], run_id, validation))
+    create_table_artifact(key=run.artifact_key, description=f"Inlet run {run.run_id}",
+                          table=summary_table(summary, stage_seconds, load.versions, run.run_id, validation))
     if has_quarantine_report(summary["quarantined"], notices, validation):
-        create_markdown_artifact(key=artifact_key.replace("summary", "quarantine"),
-                                 description=f"Inlet run {run_id}: quarantined documents, validation, notices",
+        create_markdown_artifact(key=run.artifact_key.replace("summary", "quarantine"),
+                                 description=f"Inlet run {run.run_id}: quarantined documents, validation, notices",
                                  markdown=quarantine_markdown(summary["quarantined"], notices, validation))
     logger = get_run_logger()
-    logger.info("run %s: %s", run_id, ", ".join(f"{k}={summary[k]}" for k in RUN_COUNTS))
+    logger.info("run %s: %s", run.run_id, ", ".join(f"{k}={summary[k]}" for k in RUN_COUNTS))
     for notice in notices:
         logger.warning(notice)
-    return {"run_id": run_id, **summary, "stage_seconds": stage_seconds, "versions": load["versions"],
-            "indexes": load.get("indexes", {}), "notices": notices, "validation": validation}
+    return {"run_id": run.run_id, **summary, "stage_seconds": stage_seconds, "versions": load.versions,
+            "indexes": load.indexes, "notices": notices, "validation": validation}

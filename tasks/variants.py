@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from runtime.artifacts import read_artifact, write_artifact
-from runtime.stage import stage
 from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA, WORK
 
 
@@ -32,14 +33,14 @@ def for_variant(elements: pa.Table, extracted: pa.Table, documents: pa.Table) ->
             extracted.filter(pc.is_in(extracted["doc_id"], ids)))
 
 
-@stage("plan extraction")
+@task(name="plan extraction", cache_policy=NO_CACHE)
 def extraction_todo_stage(documents_paths: list[str], run_dir: str) -> str:
     """Write the documents artifact the shared extraction works from."""
     tables = [read_artifact(p, DOCUMENTS_SCHEMA) for p in documents_paths]
     return write_artifact(extraction_todo(tables), run_dir, "extraction_todo", DOCUMENTS_SCHEMA)
 
 
-@stage("select variant documents")
+@task(name="select variant documents", cache_policy=NO_CACHE)
 def for_variant_stage(elements_path: str, extracted_path: str, documents_path: str, run_dir: str) -> tuple[str, str]:
     """Write this variant's share of the shared extraction."""
     elements, extracted = for_variant(read_artifact(elements_path, ELEMENTS_SCHEMA),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import textwrap
 import zipfile
 from datetime import UTC, date, datetime
 from pathlib import Path

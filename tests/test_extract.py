@@ -6,17 +6,16 @@ import shutil
 
 import pytest
 
-import tasks.extract
+from runtime.extraction import close_pools, shared_pool
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError
 from tasks.clean import clean_html, decode_text
 from tasks.extract import (
     SpacyModelMissingError,
-    close_pools,
     extract_document,
     extract_isolated,
+    partitioners_ready,
     require_spacy_model,
-    shared_pool,
     split_front_matter,
 )
 from tests.conftest import SAMPLE
@@ -203,20 +202,21 @@ def test_without_the_spacy_model_every_document_fails_alike_saying_how_to_fix_it
 
     html = str(SAMPLE / "policies/safety-policy.html")
     monkeypatch.setattr(spacy.util, "is_package", lambda name: name != "en_core_web_sm")
-    monkeypatch.setattr(tasks.extract, "_WORKER_BROKEN", None)
     require_spacy_model.cache_clear()
+    partitioners_ready.cache_clear()
     try:
         with pytest.raises(SpacyModelMissingError, match="make setup"):
             extract_document("d", html, CFG)
         assert extract_document("m", str(SAMPLE / "guides/boat-maintenance.md"), CFG).elements
-        tasks.extract._import_partitioners()  # what a new extraction worker runs first
-        failed = extract_isolated("d", html, CFG)
+        partitioners_ready()  # what a new extraction worker runs first
+        failed = extract_isolated("d", html, CFG, in_worker=True)
         assert (failed.reason, failed.error_type) == ("error", "SpacyModelMissingError")
         assert "en_core_web_sm is not installed" in failed.message and "`make setup`" in failed.message
     finally:
         require_spacy_model.cache_clear()
+        partitioners_ready.cache_clear()
         monkeypatch.undo()
-    assert extract_isolated("d", html, CFG).elements, "found again once installed"
+    assert extract_isolated("d", html, CFG, in_worker=True).elements, "found again once installed"
 
 
 @pytest.mark.parametrize(("name", "content"), [
@@ -236,12 +236,12 @@ def test_extraction_workers_outlive_a_run_and_are_replaced_for_another_config():
     # Workers take seconds to import the partitioners: later runs in the same process reuse them.
     report = str(SAMPLE / "reports" / "regatta-report-2025.pdf")
     try:
-        pool = shared_pool(ExtractionConfig())
+        pool = shared_pool(ExtractionConfig(), extract_isolated, partitioners_ready)
         first = pool.result(pool.submit("r", report))
-        assert shared_pool(ExtractionConfig()) is pool, "the next run gets the same workers"
+        assert shared_pool(ExtractionConfig(), extract_isolated, partitioners_ready) is pool, "the next run gets the same workers"
         assert pool.result(pool.submit("r", report)).elements == first.elements
-        other = shared_pool(ExtractionConfig(timeout_s=60))
-        assert other is not pool and not pool._pool.active, "a pool for another config stops the old one"
+        other = shared_pool(ExtractionConfig(timeout_s=60), extract_isolated, partitioners_ready)
+        assert other is not pool and not pool.is_running(), "a pool for another config stops the old one"
         assert other.result(other.submit("r", report)).elements == first.elements
         assert other._pool.schedule(_worker_tags).result() == [
             ("The", "DT"), ("club", "NN"), ("provides", "VBZ"), ("life", "NN"), ("jackets", "NNS"), (".", ".")], \

@@ -9,10 +9,10 @@ import lancedb
 import pytest
 
 import store.commit
-import tasks.extract
 from flows.ingest import ingest
 from providers.embedders import HashingEmbedder
 from query import search
+from runtime.extraction import open_pools
 from schemas.config import load_config
 from tests.conftest import run_artifact
 
@@ -253,11 +253,11 @@ def test_bad_files_are_quarantined_while_good_ones_are_indexed(corpus, write_con
 def test_a_later_run_in_the_same_process_reuses_the_extraction_workers(corpus, write_config):
     # Starting them costs seconds of imports each; a notebook or a test session ingesting again should not pay it.
     ingest(config_path=str(write_config(corpus)))
-    started = dict(tasks.extract._POOLS)
-    assert len(started) == 1 and all(pool._pool.active for pool in started.values()), "workers kept after the run"
+    started = open_pools()
+    assert len(started) == 1 and all(pool.is_running() for pool in started.values()), "workers kept after the run"
     second = ingest(config_path=str(write_config(corpus, name="other.yaml", store="other")))
     assert second["docs_new"] == 5 and second["docs_quarantined"] == 0
-    assert tasks.extract._POOLS == started, "the second run used the same workers"
+    assert open_pools() == started, "the second run used the same workers"
 
 
 def test_a_text_met_again_in_a_later_batch_before_any_commit_is_embedded_once(tmp_path, write_config, embedded_texts):

@@ -29,6 +29,7 @@ from query import quarantined, search
 from runtime.isolate import Breaker, failing_items, model_fails_run
 from schemas.config import load_config
 from schemas.errors import DocumentFailure, SystemicFailureError
+from store.commit import CommitTarget, LoadResult
 from tests.gemini_server import Faults, GeminiServer
 
 GUIDE = "sample:guides/boat-maintenance.md"
@@ -296,10 +297,10 @@ def test_commits_held_for_the_breaker_go_out_in_groups_of_commit_rows(monkeypatc
     """Holding half a big run must not turn it into one huge commit group: a crash would lose all of it."""
     groups: list[int] = []
     counts = dict.fromkeys(("chunks_added", "chunks_removed", "chunks_reused", "chunks_written", "docs_quarantined"), 0)
-    monkeypatch.setattr(flows.writer, "upsert_stage", lambda store, documents, extracted, embedded, **kw: (
-        groups.append(len(embedded)) or {**counts, "versions": {}}))
-    writer = Writer("store", "documents.parquet", commit_rows=10, chunks_table="chunks", documents_table="documents",
-                    dim=4, settings_fp="fp", run_id="run", now=datetime.now(UTC), batches=8)
+    monkeypatch.setattr(flows.writer, "upsert_stage", lambda target, documents, extracted, embedded, **kw: (
+        groups.append(len(embedded)) or LoadResult(**counts)))
+    target = CommitTarget("store", "chunks", "documents", dim=4, settings_fp="fp", run_id="run", now=datetime.now(UTC))
+    writer = Writer(target, "documents.parquet", commit_rows=10, batches=8)
     batch = lambda n: IndexWork(f"b/{n}/extracted", f"b/{n}/embedded", 6, {}, {}, [], [])  # noqa: E731
     for n in range(3):
         writer.add(batch(n), hold=True)

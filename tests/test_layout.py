@@ -82,3 +82,69 @@ def test_other_libraries_are_used_through_their_public_names_only():
             if tricks.search(code) or any(m.group(1) not in ("os", "self", "cls") for m in private.finditer(code)):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert found == []
+
+
+# tasks/uncommitted.py is the in-process sharing of uncommitted model results that the model cache (the next
+# issue) replaces: it reads the store from the stages' helpers, and keeps the process's shared registry.
+_NOT_A_STAGE = {"tasks.uncommitted"}
+_IO = ("prefect", "lancedb", "store")  # what only a stage's thin task may touch
+_MUTATORS = {"append", "add", "update", "pop", "clear", "setdefault", "extend", "remove", "insert", "discard",
+             "popitem"}
+
+
+def _stage_modules() -> dict[str, ast.Module]:
+    return {m: ast.parse(p.read_text(encoding="utf-8")) for m, p in _modules().items()
+            if m.startswith("tasks.") and m not in _NOT_A_STAGE}
+
+
+def _is_task(node: ast.AST) -> bool:
+    return any(ast.unparse(d).split("(")[0] == "task" for d in getattr(node, "decorator_list", []))
+
+
+def test_a_stage_module_is_pure_functions_and_thin_tasks_and_only_the_tasks_touch_prefect_or_the_store():
+    wrong = []
+    for module, tree in _stage_modules().items():
+        io_names = {alias.asname or alias.name.split(".")[0]
+                    for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+                    for alias in node.names
+                    if ((node.module if isinstance(node, ast.ImportFrom) else alias.name) or "").split(".")[0] in _IO}
+        wrong += [f"{module}:{node.lineno} imports lancedb" for node in ast.walk(tree)
+                  if isinstance(node, (ast.Import, ast.ImportFrom)) and "lancedb" in ast.unparse(node)]
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) or _is_task(node):
+                continue
+            # Called, or a module of them used: a type in an annotation or a table name constant touches nothing.
+            used = sorted({n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                           and n.func.id in io_names} |
+                          {n.value.id for n in ast.walk(node) if isinstance(n, ast.Attribute)
+                           and isinstance(n.value, ast.Name) and n.value.id in io_names})
+            inner = [ast.unparse(n) for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))
+                     and ast.unparse(n).split()[1].split(".")[0] in _IO]
+            if used or inner:
+                wrong.append(f"{module}:{node.lineno} {node.name} (not a task) uses {used + inner}")
+    assert wrong == []
+
+
+def test_stage_modules_keep_no_state_between_calls():
+    """No `global` rebinding and no module-level container written to from a function."""
+    wrong = []
+    for module, tree in _stage_modules().items():
+        top = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+               for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
+        for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            local = {a.arg for a in fn.args.args + fn.args.kwonlyargs} | {
+                t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Global):
+                    wrong.append(f"{module}:{n.lineno} global {', '.join(n.names)}")
+                target = None
+                if isinstance(n, (ast.Assign, ast.AugAssign, ast.Delete)):
+                    for t in (n.targets if isinstance(n, (ast.Assign, ast.Delete)) else [n.target]):
+                        if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+                            target = t.value.id
+                elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _MUTATORS
+                      and isinstance(n.func.value, ast.Name)):
+                    target = n.func.value.id
+                if target in top and target not in local:
+                    wrong.append(f"{module}:{n.lineno} {fn.name} writes to module-level {target}")
+    assert wrong == []

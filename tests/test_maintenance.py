@@ -13,7 +13,8 @@ from flows.ingest import ingest
 from flows.maintenance import maintenance
 from query import search
 from schemas.config import load_config
-from tasks.maintain import bad_vectors, expired_tags, integrity_findings
+from store.maintenance import expired_tags
+from tasks.maintain import bad_vectors, integrity_findings
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

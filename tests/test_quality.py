@@ -160,7 +160,8 @@ def test_validating_leaves_great_expectations_and_the_libraries_beside_it_as_the
 import gc, sys
 import pyarrow as pa
 frozen = gc.get_freeze_count()
-from tasks.quality import _suite, suites, validate
+from providers.gx import expectation_suite
+from tasks.quality import suites, validate
 table = pa.table({"chunk_id": ["a", None], "doc_id": ["d1", "d2"], "text": ["x", "y"],
                   "token_count": pa.array([1, 2], pa.int32())})
 print([o.check for o in validate("chunks", table, suites(10, 4)["chunks"]) if not o.success])
@@ -171,7 +172,8 @@ print(all(type(f).__module__.partition(".")[0] not in ("providers", "tasks") for
       IDDict.to_id.__module__)
 print([type(sys.modules.get(n)).__name__ for n in ("scipy.stats", "altair")])
 print(sorted({type(e).__module__.partition(".")[0] for e in
-              _suite("chunks", [("chunks", c) for c in suites(10, 4)["chunks"]]).expectations}))
+              expectation_suite("chunks", [(c.name, c.expectation, c.kwargs) for c in suites(10, 4)["chunks"]])
+              .expectations}))
 """
     out = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parent.parent,
                          capture_output=True, text=True, timeout=120, check=True)
