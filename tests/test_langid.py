@@ -28,7 +28,7 @@ def test_the_cached_model_answers_exactly_as_py3langids_own_loader(cache_dir):
     made = langid.load_identifier()  # writes the cache entry
     read = langid.load_identifier()  # reads it back
     folder = langid.cache_folder(langid.model_path())
-    assert folder.parent == cache_dir and (folder / "manifest.json").exists()
+    assert folder.parent == cache_dir and (folder / "manifest.json").exists() and (folder / "done").exists()
     for text in SAMPLES:
         assert made.rank(text) == reference.rank(text)
         assert read.rank(text) == reference.rank(text)

@@ -64,3 +64,33 @@ def test_token_offsets_cut_text_where_its_tokens_begin():
     assert edges == sorted(edges) and "".join(text[a:b] for a, b in itertools.pairwise(edges)) == text[edges[0]:]
     assert edges[0] == 0
     assert edges[:-1] == encoding().decode_with_offsets(tokens)[1], "tiktoken's own offsets"
+
+
+def test_the_cached_encoding_tokenizes_exactly_as_tiktokens_own(tmp_path, monkeypatch):
+    import tiktoken
+
+    from providers import tokenizer
+
+    monkeypatch.setenv("INLET_CACHE_DIR", str(tmp_path))
+    made = tokenizer.encoding.__wrapped__()  # writes the cache entry
+    read = tokenizer.encoding.__wrapped__()  # builds from it
+    assert (tmp_path / tokenizer._cache_folder().name / "done").exists()
+    reference = tiktoken.get_encoding("cl100k_base")
+    texts = ["Hello, world!", "naïve café — 東京 🚤 ", "    def f(x):\n\treturn x**2  # 12345678", "<|endoftext|> as text",
+             " ".join(f"word{i}" for i in range(500))]
+    for enc in (made, read):
+        assert enc.n_vocab == reference.n_vocab and enc.name == reference.name
+        assert enc.special_tokens_set == reference.special_tokens_set
+        for text in texts:
+            assert enc.encode(text, disallowed_special=()) == reference.encode(text, disallowed_special=())
+        assert enc.encode("<|endoftext|>", allowed_special="all") == reference.encode("<|endoftext|>", allowed_special="all")
+
+
+def test_a_damaged_tokenizer_cache_is_written_again(tmp_path, monkeypatch, caplog):
+    from providers import tokenizer
+
+    monkeypatch.setenv("INLET_CACHE_DIR", str(tmp_path))
+    tokenizer.encoding.__wrapped__()
+    (tmp_path / tokenizer._cache_folder().name / "lengths.npy").write_bytes(b"broken")
+    enc = tokenizer.encoding.__wrapped__()
+    assert "damaged" in caplog.text and enc.encode("Hello, world!") == [9906, 11, 1917, 0]
