@@ -71,8 +71,9 @@ def _artifact(stage: str, total: int) -> Callable[[float], None]:
 def stage_progress(stage: str, total: int) -> Iterator[Advance]:
     """Yield advance(n) for a stage over total items: it moves the stage's Prefect progress artifact and bar.
 
-    The artifact is made once the stage has run _ARTIFACT_EVERY_S: a stage done sooner has no progress to
-    watch, and its two API calls (~36 ms, bench/README.md) were ~5% of a small run's time.
+    The artifact is made once the stage has run _ARTIFACT_EVERY_S with items still to do: a stage done
+    sooner, or all at once (a run of one batch), has no progress to watch, and its two API calls (~36 ms,
+    bench/README.md) were ~5% of a small run's time.
     """
     if total <= 0 or _quiet.get():
         yield lambda n: None
@@ -87,7 +88,8 @@ def stage_progress(stage: str, total: int) -> Iterator[Advance]:
         done += n
         if bar is not None:
             _bars.update(bar, completed=done)
-        if in_run and (time.monotonic() - last >= _ARTIFACT_EVERY_S or (update is not None and done >= total)):
+        due = time.monotonic() - last >= _ARTIFACT_EVERY_S
+        if in_run and ((due and (update is not None or done < total)) or (update is not None and done >= total)):
             update = update or _artifact(stage, total)
             update(min(100.0, 100.0 * done / total))
             last = time.monotonic()
