@@ -38,9 +38,10 @@ def _load_bench_ingest() -> ModuleType:
 _INGEST = _load_bench_ingest()
 CORPUS, PEERS, ROOT, SCENARIOS = _INGEST.CORPUS, _INGEST.PEERS, _INGEST.ROOT, _INGEST.SCENARIOS
 
-# The issue's targets: how many times faster than each peer Inlet's pipeline must be.
-TARGETS = {"a_cold": {"langchain": 2.0, "llamaindex": 4.0}, "b_noop": {"llamaindex": 2.0},
-           "c_1pct": {"llamaindex": 2.0}, "d_10pct": {"llamaindex": 2.0}}
+# The targets (restated in issue 36): how many times faster than each peer Inlet's pipeline must be. No-op and
+# 1% runs only need to be ahead of LlamaIndex (above 1x) with every stage a visible task run.
+TARGETS = {"a_cold": {"langchain": 2.0, "llamaindex": 4.0}, "b_noop": {"llamaindex": 1.0},
+           "c_1pct": {"llamaindex": 1.0}, "d_10pct": {"llamaindex": 2.0}}
 PEER_NAMES = {"langchain": "LangChain", "llamaindex": "LlamaIndex"}
 
 
@@ -63,7 +64,7 @@ def compare(inlet_runs: list[dict], peers: dict) -> list[dict]:
             rows.append({"scenario": scenario, "peer": peer, "target": target, "peer_s": peer_s,
                          "peer_texts": measured["median"]["texts_embedded"],
                          "inlet_s": [s["pipeline_s"] for s in inlet], "inlet_texts": inlet[0]["texts_embedded"],
-                         "ratios": ratios, "met": all(r >= target for r in ratios)})
+                         "ratios": ratios, "met": all(r > target if target == 1.0 else r >= target for r in ratios)})
     return rows
 
 
