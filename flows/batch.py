@@ -1,5 +1,5 @@
-"""A run's per-document work in batches: planned in the flow, each batch extracted, chunked, enriched and embedded
-on the task runner, with its own Arrow artifacts under <run>/batches/<n>/."""
+"""The per-batch chain: each batch extracted once, then chunked, refreshed, enriched, embedded and validated for each
+index, on the task runner, with its own Arrow artifacts under <run>/batches/<n>/ (planned by tasks/plan.py)."""
 
 from __future__ import annotations
 
@@ -9,31 +9,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from providers.embedders import embedder_spec
-from runtime.artifacts import (
-    batch_dir,
-    join,
-    read_artifact,
-    use_storage_options,
-    write_artifact,
-)
+from runtime.artifacts import batch_dir, join, read_artifact, use_storage_options
 from runtime.clock import Stopwatch
 from runtime.failpoints import failpoint
 from runtime.isolate import unexpected_errors
 from runtime.progress import quiet_stages
-from schemas.arrow import (
-    DOCUMENTS_SCHEMA,
-    EXTRACTED_SCHEMA,
-    REFRESH_ENRICHMENT,
-    WORK,
-    Change,
-    embedded_chunks_schema,
-)
+from schemas.arrow import EXTRACTED_SCHEMA, embedded_chunks_schema
 from schemas.config import ExtractionConfig, InletConfig
 from schemas.errors import DocumentFailure
 from store.tables import use_store_options
@@ -46,7 +31,6 @@ from tasks.refresh import refresh_stage
 from tasks.report import text_counts
 from tasks.variants import extraction_todo_stage, for_variant_stage
 
-_WORK = pa.array(WORK)
 # One batch at a time talks to the models in a process: a batch's usage is then exactly its own, and the
 # provider's quota and in-flight bound are shared, not multiplied by the batches running beside it.
 _MODELS = threading.Lock()
@@ -61,63 +45,6 @@ class IndexPlan:
     run_dir: str  # the index's folder in the run: the run folder, or <run>/<variant>
     jobs_dir: str  # the Gemini batch-job ledger
     notices: list[str] = field(default_factory=list)  # what resolving its providers had to say (a missing key)
-
-
-def needs_work(documents: pa.Table) -> pa.ChunkedArray:
-    """Mask the documents a batch has work for: new or changed ones, and those whose enrichment alone is stale."""
-    refresh = pc.and_(pc.equal(documents["change"], Change.UNCHANGED), pc.equal(documents["reason"], REFRESH_ENRICHMENT))
-    return pc.or_(pc.is_in(documents["change"], _WORK), pc.fill_null(refresh, False))
-
-
-def plan_batches(per_index: list[pa.Table], batch_docs: int, batch_mb: float, workers: int = 1) -> list[list[str]]:
-    """Cut the documents any index has work for into batches of doc ids, in listing order. Pure.
-
-    A batch closes at batch_docs documents or once its listed bytes reach batch_mb; a document larger
-    than that is a batch of its own. With several workers, batch_docs is a ceiling: the documents are
-    shared evenly over a multiple of workers batches, so that no worker is left alone with the last one
-    (1,384 documents, 500 a batch, 2 workers: 4 batches of 346, not 500, 500 and 384).
-    """
-    wanted: set[str] = set()
-    for documents in per_index:
-        wanted.update(documents.filter(needs_work(documents))["doc_id"].to_pylist())
-    if workers > 1 and len(wanted) > batch_docs:
-        rounds = -(-len(wanted) // (batch_docs * workers))  # ceil: rounds of `workers` batches each
-        batch_docs = -(-len(wanted) // (rounds * workers))
-    limit = batch_mb * 1024 * 1024
-    batches: list[list[str]] = []
-    current: list[str] = []
-    size = 0
-    seen: set[str] = set()
-    for documents in per_index:  # every index lists the same documents; later ones only add their own deletions
-        for doc_id, nbytes in zip(documents["doc_id"].to_pylist(), documents["size"].to_pylist()):
-            if doc_id not in wanted or doc_id in seen:
-                continue
-            seen.add(doc_id)
-            if current and (len(current) >= batch_docs or size + (nbytes or 0) > limit):
-                batches.append(current)
-                current, size = [], 0
-            current.append(doc_id)
-            size += nbytes or 0
-    if current:
-        batches.append(current)
-    return batches
-
-
-def batch_bytes(documents: pa.Table, batches: list[list[str]]) -> list[int]:
-    """Listed bytes of each batch's documents. Pure."""
-    ids = pa.array([d for batch in batches for d in batch], pa.string())
-    planned = documents.filter(pc.is_in(documents["doc_id"], ids))
-    size_of = dict(zip(planned["doc_id"].to_pylist(), planned["size"].to_pylist()))
-    return [sum(size_of.get(d) or 0 for d in ids) for ids in batches]
-
-
-def write_batch_documents(per_index: list[pa.Table], plans: list[IndexPlan], batches: list[list[str]]) -> None:
-    """Write each batch's share of each index's documents table where the batch will read it."""
-    for number, ids in enumerate(batches):
-        value_set = pa.array(ids, pa.string())
-        for documents, plan in zip(per_index, plans):
-            write_artifact(documents.filter(pc.is_in(documents["doc_id"], value_set)),
-                           batch_dir(plan.run_dir, number), "documents", DOCUMENTS_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -204,22 +131,3 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
         results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, clock) for plan in plans]
     failpoint("batch-validated")
     return BatchResult(results, notices, clock.seconds, (began, time.time()))
-
-
-def merge_usage(total: dict, more: dict) -> dict:
-    """Add one batch's model usage (calls, tokens, dollars) to the run's."""
-    return {k: total.get(k, 0) + more.get(k, 0) for k in total.keys() | more.keys()}
-
-
-def merge_validation(total: list[dict], more: list[dict]) -> list[dict]:
-    """Add one batch's check outcomes to the run's: rows and failures summed, failing documents listed."""
-    by_check = {(r["artifact"], r["check"]): r for r in total}
-    for row in more:
-        key = (row["artifact"], row["check"])
-        if key in by_check:
-            seen = by_check[key]
-            by_check[key] = {**seen, "rows": seen["rows"] + row["rows"], "failed": seen["failed"] + row["failed"],
-                             "documents": [*seen["documents"], *row["documents"]]}
-        else:
-            by_check[key] = dict(row)
-    return list(by_check.values())

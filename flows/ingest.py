@@ -14,15 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import flow
 
-from flows.batch import (
-    IndexPlan,
-    batch_bytes,
-    batch_stage,
-    merge_usage,
-    merge_validation,
-    plan_batches,
-    write_batch_documents,
-)
+from flows.batch import IndexPlan, batch_stage
 from flows.runners import make_task_runner
 from flows.writer import Writer
 from providers.embedders import embedder_spec, resolve_embedding
@@ -50,7 +42,8 @@ from store.tables import (
 from tasks import uncommitted
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
-from tasks.report import IndexTotals, RunInfo, report_stage
+from tasks.plan import batch_bytes, plan_batches, write_batch_documents
+from tasks.report import IndexTotals, RunInfo, merge_usage, merge_validation, report_stage
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
@@ -195,7 +188,7 @@ def plan_run_batches(cfg: InletConfig, plans: list[IndexPlan], detected: list[De
     sharing = 1 if cfg.execution.task_runner == "thread" else cfg.execution.workers
     batches = clock.run("plan batches", plan_batches, per_index, cfg.execution.batch_docs, cfg.execution.batch_mb,
                         sharing)
-    write_batch_documents(per_index, plans, batches)
+    write_batch_documents(per_index, [plan.run_dir for plan in plans], batches)
     return batches, batch_bytes(per_index[0], batches)
 
 

@@ -67,6 +67,25 @@ def declared_levels(documents: pa.Table, extracted: pa.Table) -> tuple[list[str]
     return [rows[i]["doc_id"] for i in raised], notices
 
 
+def merge_usage(total: dict, more: dict) -> dict:
+    """Add one batch's model usage (calls, tokens, dollars) to the run's."""
+    return {k: total.get(k, 0) + more.get(k, 0) for k in total.keys() | more.keys()}
+
+
+def merge_validation(total: list[dict], more: list[dict]) -> list[dict]:
+    """Add one batch's check outcomes to the run's: rows and failures summed, failing documents listed."""
+    by_check = {(r["artifact"], r["check"]): r for r in total}
+    for row in more:
+        key = (row["artifact"], row["check"])
+        if key in by_check:
+            seen = by_check[key]
+            by_check[key] = {**seen, "rows": seen["rows"] + row["rows"], "failed": seen["failed"] + row["failed"],
+                             "documents": [*seen["documents"], *row["documents"]]}
+        else:
+            by_check[key] = dict(row)
+    return list(by_check.values())
+
+
 def summarize_run(documents: pa.Table, extracted: pa.Table, texts: dict[str, int], load: LoadResult,
                   usage: dict | None = None) -> dict:
     """Count what the run did, stage by stage, and what its model calls cost."""

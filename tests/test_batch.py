@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from flows.batch import plan_batches
 from schemas.arrow import DOCUMENTS_SCHEMA, REFRESH_ENRICHMENT
+from tasks.plan import plan_batches
 
 
 def _documents(rows: list[tuple[str, str, str | None, int]]) -> pa.Table:
