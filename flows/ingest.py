@@ -17,12 +17,13 @@ from prefect import flow
 from flows.batch import IndexPlan, batch_stage
 from flows.runners import make_task_runner
 from flows.writer import Writer
+from providers import gx
 from providers.embedders import embedder_spec, resolve_embedding
 from providers.enrichers import resolve_enrichment
 from providers.keys import use_secret_block
 from runtime.artifacts import is_remote, join, read_artifact, use_storage_options
 from runtime.clock import Stopwatch
-from runtime.cpu import close_cpu_pool, default_workers, start_cpu_pool, worth_a_pool
+from runtime.cpu import cpu_pool_for
 from runtime.failpoints import failpoint
 from runtime.isolate import Breaker
 from runtime.memory import release_memory
@@ -98,8 +99,13 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         writers = [Writer(commit_target(plan, d, run), d.documents, commit_rows=cfg.execution.commit_rows,
                           batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=d.known)
                    for plan, d in zip(plans, detected)]
-        done = clock.run("batches", run_batches, cfg, batches, sizes, run.run_dir, plans, writers)
-        clock.seconds.update(done.seconds)
+        with cpu_pool_for(cfg.execution, sum(sizes)):  # its workers start while GX is imported
+            if batches and cfg.execution.task_runner == "thread" and any(p.cfg.quality.enabled for p in plans):
+                # GX's import (2-3 s, holding the interpreter) before the batches, not inside the first batch's
+                # validate, where it slowed every batch beside it; reported apart, as "import gx".
+                clock.run("import gx", gx.context)
+            done = clock.run("batches", run_batches, cfg, batches, run.run_dir, plans, writers)
+        clock.seconds = merge_usage(clock.seconds, done.seconds)  # summed: "import gx" may come from both
         summaries = []
         for plan, d, writer, totals in zip(plans, detected, writers, done.indexes):
             loaded = writer.finish(ann_min_rows=plan.cfg.query.ann_min_rows)  # the last commit group, then publish
@@ -241,12 +247,9 @@ class BatchTotals:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def run_batches(cfg: InletConfig, batches: list[list[str]], sizes: list[int], run_dir: str, plans: list[IndexPlan],
+def run_batches(cfg: InletConfig, batches: list[list[str]], run_dir: str, plans: list[IndexPlan],
                 writers: list[Writer]) -> BatchTotals:
-    """Run every batch on the task runner; hand each finished batch to the writers in order; return the totals.
-
-    sizes: each batch's listed bytes.
-    """
+    """Run every batch on the task runner; hand each finished batch to the writers in order; return the totals."""
     execution = cfg.execution
     totals = BatchTotals([IndexTotals() for _ in plans])
     if not batches:
@@ -257,41 +260,36 @@ def run_batches(cfg: InletConfig, batches: list[list[str]], sizes: list[int], ru
     spans: list[tuple[float, float]] = []
     # One document never fails a run; most documents failing alike stop it before any commit (runtime/isolate.py).
     breaker = Breaker(sum(len(b) for b in batches), execution.systemic_share, execution.systemic_min_docs)
-    try:
-        if execution.task_runner == "thread" and worth_a_pool(sum(sizes)):  # batches in this process share it
-            start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
-        # Batches in this process take what earlier ones sent to the models before the writer commits it.
-        shared = uncommitted.sharing() if execution.task_runner == "thread" else contextlib.nullcontext()
-        with shared, make_task_runner(execution) as runner, \
-                stage_progress("batches", sum(len(b) for b in batches)) as advance:
-            try:  # the Dask client connects on the first submission
-                futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": cfg.extraction,
-                                                       "plans": plans, "storage": storage})
-                           for n in range(len(batches))]
-            except OSError as exc:
-                if execution.dask_address is None:  # not a cluster we were pointed at
-                    raise
-                msg = f"execution.dask_address: cannot reach the Dask cluster at {execution.dask_address}: {exc}"
-                raise ConfigError(msg) from None
-            # In batch order, so that commits (and what a crash leaves) do not depend on which worker was first.
-            for n, future in enumerate(futures):
-                done = future.result()
-                breaker.observe(len(batches[n]), [e for work in done.indexes for e in work.errors])
-                breaker.check()  # before this batch reaches a writer
-                hold = breaker.undecided()
-                for writer, total, work in zip(writers, totals.indexes, done.indexes):
-                    writer.add(work, hold=hold)
-                    total.extracted.append(work.extracted)
-                    total.texts = merge_usage(total.texts, work.texts)
-                    total.usage = merge_usage(total.usage, work.usage)
-                    total.validation = merge_validation(total.validation, work.validation)
-                totals.notices.extend(x for x in done.notices if x not in totals.notices)
-                totals.seconds = merge_usage(totals.seconds, done.seconds)
-                spans.append(done.span)
-                advance(len(batches[n]))
-                release_memory()
-    finally:
-        close_cpu_pool()
+    # Batches in this process take what earlier ones sent to the models before the writer commits it.
+    shared = uncommitted.sharing() if execution.task_runner == "thread" else contextlib.nullcontext()
+    with shared, make_task_runner(execution) as runner, \
+            stage_progress("batches", sum(len(b) for b in batches)) as advance:
+        try:  # the Dask client connects on the first submission
+            futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": cfg.extraction,
+                                                   "plans": plans, "storage": storage})
+                       for n in range(len(batches))]
+        except OSError as exc:
+            if execution.dask_address is None:  # not a cluster we were pointed at
+                raise
+            msg = f"execution.dask_address: cannot reach the Dask cluster at {execution.dask_address}: {exc}"
+            raise ConfigError(msg) from None
+        # In batch order, so that commits (and what a crash leaves) do not depend on which worker was first.
+        for n, future in enumerate(futures):
+            done = future.result()
+            breaker.observe(len(batches[n]), [e for work in done.indexes for e in work.errors])
+            breaker.check()  # before this batch reaches a writer
+            hold = breaker.undecided()
+            for writer, total, work in zip(writers, totals.indexes, done.indexes):
+                writer.add(work, hold=hold)
+                total.extracted.append(work.extracted)
+                total.texts = merge_usage(total.texts, work.texts)
+                total.usage = merge_usage(total.usage, work.usage)
+                total.validation = merge_validation(total.validation, work.validation)
+            totals.notices.extend(x for x in done.notices if x not in totals.notices)
+            totals.seconds = merge_usage(totals.seconds, done.seconds)
+            spans.append(done.span)
+            advance(len(batches[n]))
+            release_memory()
     # Stage seconds are summed over batches: with several workers they add up to more than the wall time.
     totals.seconds = {k: round(v, 3) for k, v in totals.seconds.items()}
     # First batch start to last batch end: the batches' own time, without the runner's start-up.

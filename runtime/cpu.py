@@ -16,10 +16,13 @@ import multiprocessing.context
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
+
+from schemas.config import ExecutionConfig
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -98,6 +101,17 @@ def close_cpu_pool() -> None:
         pool, _POOL, _WORKERS, _STARTER = _POOL, None, 0, None
     if pool is not None:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def cpu_pool_for(execution: ExecutionConfig, work_bytes: int) -> Iterator[None]:
+    """Run the block with this process's pool starting (thread runner, enough work), stopped after it."""
+    if execution.task_runner == "thread" and worth_a_pool(work_bytes):  # batches in this process share it
+        start_cpu_pool(default_workers() if execution.cpu_workers is None else execution.cpu_workers)
+    try:
+        yield
+    finally:
+        close_cpu_pool()
 
 
 def split_by_size(items: Sequence[T], sizes: Sequence[int], part_bytes: int | None = None) -> list[list[T]]:
