@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from flows.batch import IndexPlan, batch_stage
 from flows.runners import make_task_runner
@@ -102,7 +102,9 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         with cpu_pool_for(cfg.execution, sum(sizes)):  # its workers start while GX is imported
             if batches and cfg.execution.task_runner == "thread" and any(p.cfg.quality.enabled for p in plans):
                 # GX's import (2-3 s, holding the interpreter) before the batches, not inside the first batch's
-                # validate, where it slowed every batch beside it; reported apart, as "import gx".
+                # validate, where it slowed every batch beside it; reported apart, as "import gx". Said in the
+                # run's log, so that the gap before the first batch in the UI is explained.
+                get_run_logger().info("loading great-expectations for the data-quality checks")
                 clock.run("import gx", gx.context)
             done = clock.run("batches", run_batches, cfg, batches, run.run_dir, plans, writers)
         clock.seconds = merge_usage(clock.seconds, done.seconds)  # summed: "import gx" may come from both

@@ -33,6 +33,8 @@ def make_entry(folder: Path, write: Callable[[Path], None]) -> Path:
     done = folder / "done"
     if done.exists():
         return folder
+    if folder.exists():  # a removal cut short (drop_entry, a hand clean-up): never complete, so never read
+        drop_entry(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
     try:

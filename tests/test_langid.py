@@ -52,3 +52,11 @@ def test_an_unwritable_cache_loads_the_packaged_model_and_says_so(tmp_path, monk
     identifier = langid.load_identifier()
     assert "cache unusable" in caplog.text
     assert identifier.classify(SAMPLES[2])[0] == "es"
+
+
+def test_a_cache_entry_left_half_removed_is_made_again(cache_dir):
+    folder = langid.cache_folder(langid.model_path())
+    folder.mkdir(parents=True)
+    (folder / "ptc.npy").write_bytes(b"what an interrupted clean-up left")  # no "done": never complete
+    identifier = langid.load_identifier()
+    assert (folder / "done").exists() and identifier.classify(SAMPLES[1])[0] == "de"
