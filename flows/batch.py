@@ -21,6 +21,7 @@ from runtime.progress import quiet_stages
 from schemas.arrow import EXTRACTED_SCHEMA, embedded_chunks_schema
 from schemas.config import ExtractionConfig, InletConfig
 from schemas.errors import DocumentFailure
+from store.model_cache import models_lock
 from store.tables import use_store_options
 from tasks.chunk import chunk_stage
 from tasks.embed import embed_stage
@@ -31,8 +32,9 @@ from tasks.refresh import refresh_stage
 from tasks.report import text_counts
 from tasks.variants import extraction_todo_stage, for_variant_stage
 
-# One batch at a time talks to the models in a process: a batch's usage is then exactly its own, and the
-# provider's quota and in-flight bound are shared, not multiplied by the batches running beside it.
+# One batch at a time talks to the models in a process (and, through the store's model lock, on the machine): a
+# batch's usage is then exactly its own, the provider's quota and in-flight bound are shared, not multiplied by
+# the batches beside it, and a batch finds in the model cache every answer an earlier batch paid for.
 _MODELS = threading.Lock()
 
 
@@ -91,12 +93,12 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
     failpoint("batch-chunked")
     # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.
     chunks, extracted = timed("refresh", refresh_stage, documents, chunks, extracted, store, table, here)
-    with _MODELS:
+    with _MODELS, models_lock(store):
         enriched = timed("enrich", enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store,
-                          table, here, plan.jobs_dir)
+                          cfg.store.cache_table, here, plan.jobs_dir)
         failpoint("batch-enriched")
         embedded = timed("embed", embed_stage, enriched.path, enriched.extracted,
-                         cfg.embedding, cfg.enrichment, cfg.pricing, store, table, here, plan.jobs_dir)
+                         cfg.embedding, cfg.enrichment, cfg.pricing, store, cfg.store.cache_table, here, plan.jobs_dir)
         clock.add("embed model" + suffix, embedded.model_seconds)  # inside the embedder's calls
         failpoint("batch-embedded")
     # Data-quality gates: quarantine what fails a `quarantine` check, stop before committing on a `fail` check.
@@ -104,7 +106,8 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
                    cfg.quality, cfg.chunking.max_tokens, dim, here)
     clock.add("import gx", gated.setup_seconds)  # start-up inside validate
     final = read_artifact(gated.embedded, embedded_chunks_schema(dim))
-    return IndexWork(gated.extracted, gated.embedded, final.num_rows, text_counts(final),
+    cached = {"texts_enrich_cached": enriched.cached, "texts_embed_cached": embedded.cached}
+    return IndexWork(gated.extracted, gated.embedded, final.num_rows, text_counts(final) | cached,
                      enriched.usage | embedded.usage, gated.validation,
                      unexpected_errors(read_artifact(gated.extracted, EXTRACTED_SCHEMA)))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import time
 import uuid
@@ -33,6 +32,7 @@ from schemas.config import InletConfig, load_config
 from schemas.errors import ConfigError
 from store import inflight
 from store.commit import CommitTarget
+from store.model_cache import prepare_cache
 from store.tables import (
     connect,
     is_remote_store,
@@ -40,7 +40,6 @@ from store.tables import (
     use_store_options,
     writer_lock,
 )
-from tasks import uncommitted
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
 from tasks.plan import batch_bytes, plan_batches, write_batch_documents
@@ -96,6 +95,11 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
                                  retry_quarantined, allow_deletions) for plan in plans]
         failpoint("detected")
         batches, sizes = plan_run_batches(cfg, plans, detected, clock)
+        if batches:  # a store from before the model cache gets one, seeded with the answers its chunks hold
+            seeded = clock.run("prepare cache", prepare_cache, cfg.store.uri, cfg.store.cache_table,
+                               [p.cfg.store.chunks_table for p in plans])
+            if seeded:
+                get_run_logger().info("model cache created from the %d answers the chunks tables held", seeded)
         writers = [Writer(commit_target(plan, d, run), d.documents, commit_rows=cfg.execution.commit_rows,
                           batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=d.known)
                    for plan, d in zip(plans, detected)]
@@ -262,9 +266,7 @@ def run_batches(cfg: InletConfig, batches: list[list[str]], run_dir: str, plans:
     spans: list[tuple[float, float]] = []
     # One document never fails a run; most documents failing alike stop it before any commit (runtime/isolate.py).
     breaker = Breaker(sum(len(b) for b in batches), execution.systemic_share, execution.systemic_min_docs)
-    # Batches in this process take what earlier ones sent to the models before the writer commits it.
-    shared = uncommitted.sharing() if execution.task_runner == "thread" else contextlib.nullcontext()
-    with shared, make_task_runner(execution) as runner, \
+    with make_task_runner(execution) as runner, \
             stage_progress("batches", sum(len(b) for b in batches)) as advance:
         try:  # the Dask client connects on the first submission
             futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": cfg.extraction,

@@ -10,10 +10,11 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from providers.embedders import embedder_spec
+from providers.enrichers import make_enricher, resolve_enrichment
 from schemas.config import InletConfig, load_config
 from store.maintenance import published_at_latest, republish
 from store.tables import use_store_options, writer_lock
-from tasks.maintain import CHECKS, compact_stage, index_stage, integrity_stage, repair_stage
+from tasks.maintain import CHECKS, cache_stage, compact_stage, index_stage, integrity_stage, repair_stage
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 
@@ -24,9 +25,34 @@ def _pairs(cfg: InletConfig) -> list[tuple[str, str, int]]:
             for _, v in cfg.all_variants()]
 
 
-def findings_markdown(tables: dict[str, dict], findings: pa.Table, repaired: dict[str, int] | None) -> str:
+def _fingerprints(cfg: InletConfig) -> tuple[dict[str, int | None], tuple[str, ...]]:
+    """The models the config's indexes use (embedder -> vector size, enricher -> None), and the kinds judged.
+
+    An enricher this machine cannot build (Gemini without a key) leaves enrichment entries unjudged: calling
+    them foreign would be wrong.
+    """
+    found: dict[str, int | None] = {}
+    judged = ["embed", "enrich"]
+    for _, v in cfg.all_variants():
+        spec = embedder_spec(v.embedding)
+        found[spec.fingerprint] = spec.dim
+        if v.enrichment.enabled:
+            enrichment, notice = resolve_enrichment(v.enrichment)
+            if notice is None:
+                found[make_enricher(enrichment).fingerprint] = None
+            elif "enrich" in judged:
+                judged.remove("enrich")
+    return found, tuple(judged)
+
+
+def findings_markdown(tables: dict[str, dict], findings: pa.Table, repaired: dict[str, int] | None,
+                      cache: dict[str, int] | None = None) -> str:
     """Render what maintenance did and found as the run's markdown artifact."""
-    lines = ["## Tables", "", "| table | versions | fragments | rows | run tags removed |", "|---|---:|---:|---:|---|"]
+    lines = []
+    if cache is not None:
+        lines += ["## Model cache", "", f"{cache['entries']} entries, {cache['unused']} used by no chunk, "
+                  f"{cache['dropped']} dropped (unused past the retention).", ""]
+    lines += ["## Tables", "", "| table | versions | fragments | rows | run tags removed |", "|---|---:|---:|---:|---|"]
     for name, t in tables.items():
         b, a = t["before"], t["after"]
         lines.append(f"| {name} | {b['versions']} → {a['versions']} | {b['fragments']} → {a['fragments']} | "
@@ -43,7 +69,8 @@ def findings_markdown(tables: dict[str, dict], findings: pa.Table, repaired: dic
             lines.append(f"\n… and {findings.num_rows - 200} more")
     if repaired is not None:
         lines += ["", "## Repair", "", (f"{repaired['chunks_deleted']} chunks deleted, "
-                                        f"{repaired['documents_requeued']} documents sent back to the next ingest run.")]
+                                        f"{repaired['documents_requeued']} documents sent back to the next ingest run, "
+                                        f"{repaired.get('cache_entries_deleted', 0)} model cache entries deleted.")]
     return "\n".join(lines)
 
 
@@ -68,20 +95,24 @@ def maintenance(config_path: str = str(DEFAULT_CONFIG), retention_days: float | 
 
 def _maintain(store: str, pairs: list[tuple[str, str, int]], cfg: InletConfig, retention: float, repair: bool,
               now: datetime) -> dict:
+    # The cache first: what it drops is then compacted away with the rest.
+    cache = cache_stage(store, cfg.store.cache_table, [chunks for chunks, _, _ in pairs], retention,
+                        cfg.maintenance.keep_model_cache, now)
     tables = compact_stage(store, retention, now)
     # Readers stay on the published version; where it is the latest, it follows the index refresh and repairs.
     current = published_at_latest(store, [chunks for chunks, _, _ in pairs])
     indexes = index_stage(store, [chunks for chunks, _, _ in pairs], cfg.query.fulltext_index,
                           cfg.query.ann_min_rows)
-    findings = integrity_stage(store, pairs)
+    findings = integrity_stage(store, pairs, cfg.store.cache_table, *_fingerprints(cfg))
     repaired = None
     if repair and findings.num_rows:
         repaired = repair_stage(store, findings, pairs)
         indexes = index_stage(store, [chunks for chunks, _, _ in pairs], cfg.query.fulltext_index,
                               cfg.query.ann_min_rows)
     republish(store, current)
-    create_markdown_artifact(key="maintenance-findings", markdown=findings_markdown(tables, findings, repaired),
+    create_markdown_artifact(key="maintenance-findings", markdown=findings_markdown(tables, findings, repaired, cache),
                              description="Inlet maintenance: compaction, pruning, integrity")
     get_run_logger().info("maintenance: %d integrity findings%s", findings.num_rows,
                           f", repaired {repaired}" if repaired else "")
-    return {"tables": tables, "indexes": indexes, "findings": findings.to_pylist(), "repaired": repaired}
+    return {"tables": tables, "indexes": indexes, "findings": findings.to_pylist(), "repaired": repaired,
+            "cache": cache}

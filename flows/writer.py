@@ -7,7 +7,6 @@ import pyarrow as pa
 from flows.batch import IndexWork
 from runtime.clock import Stopwatch
 from store.commit import CommitTarget, LoadResult
-from tasks import uncommitted
 from tasks.load import fulltext_stage, publish_stage, upsert_stage
 
 
@@ -68,7 +67,6 @@ class Writer:
         group, self._pending = (self._pending, []) if count is None else (self._pending[:count], self._pending[count:])
         done = upsert_stage(self.target, self._documents, [b.extracted for b in group], [b.embedded for b in group],
                             last=last, known=self._known)
-        uncommitted.forget(b.embedded.rsplit("/", 1)[0] for b in group)
         self._committed = True
         for name in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written", "docs_quarantined"):
             setattr(self.result, name, getattr(self.result, name) + getattr(done, name))

@@ -100,32 +100,42 @@ class GeminiEmbedder:
         return self._normalised(out)
 
     def embed_batch(self, texts: list[str], titles: list[str | None], keys: list[str], ledger: JobLedger,
-                    polling: Polling, on_state: Callable[[JobRecord], None] = lambda _job: None) -> np.ndarray:
+                    polling: Polling, on_state: Callable[[JobRecord], None] = lambda _job: None,
+                    keep: Callable[[list[str], np.ndarray], None] | None = None) -> np.ndarray:
         """Embed through Batch Mode (a JSONL file of requests, each with its own title); resume open jobs first.
 
         Rows the job failed are embedded online at once: a chunk cannot be indexed without its vector.
+        keep gets each collected job's vectors before the job leaves the ledger, and the online ones after
+        their call (the model cache): a run killed after that never submits or pays for them again.
         """
         wanted = {k: (t, title) for k, t, title in zip(keys, texts, titles)}
         found: dict[str, np.ndarray] = {}
         covered: set[str] = set()  # keys some collected job carried, answered or not
+
+        def finish(job: JobRecord) -> None:
+            got = self._collect(wait_for(self._client, job, ledger, polling, on_state), job, wanted)
+            if keep is not None and got:
+                keep(list(got), np.asarray(list(got.values()), dtype=np.float32).reshape(len(got), self.dim))
+            found.update(got)
+            ledger.close(job)
+
         for job in ledger.open_jobs("embed"):
             if wanted.keys() & set(job.keys):
                 covered |= set(job.keys)
                 on_state(job)
-                found |= self._collect(wait_for(self._client, job, ledger, polling, on_state), job, wanted)
-                ledger.close(job)
+                finish(job)
         rest = [k for k in wanted if k not in covered]
         if rest:
             job = self._submit(rest, wanted, ledger)
             on_state(job)
-            found |= self._collect(wait_for(self._client, job, ledger, polling, on_state), job, wanted)
-            ledger.close(job)
+            finish(job)
         missing = [k for k in wanted if k not in found]
         if missing:  # failed rows: online, now
             again = self.embed([wanted[k][0] for k in missing], [wanted[k][1] for k in missing])
+            if keep is not None:
+                keep(missing, again)
             found |= dict(zip(missing, again))
-        out = np.asarray([found[k] for k in keys], dtype=np.float32).reshape(len(keys), self.dim)
-        return out
+        return np.asarray([found[k] for k in keys], dtype=np.float32).reshape(len(keys), self.dim)
 
     def _submit(self, keys: list[str], wanted: dict[str, tuple[str, str | None]], ledger: JobLedger) -> JobRecord:
         lines = []

@@ -135,10 +135,13 @@ class GeminiEnricher:
 
     def enrich_batch(self, items: list[EnrichInput], documents: list[str | None], keys: list[str],
                      ledger: JobLedger, polling: Polling,
-                     on_state: Callable[[JobRecord], None] = lambda _job: None) -> list[str | None]:
+                     on_state: Callable[[JobRecord], None] = lambda _job: None,
+                     keep: Callable[[list[str], list[str | None]], None] | None = None) -> list[str | None]:
         """Enrich through Gemini Batch Mode: resume the ledger's open jobs for these keys, submit the rest as one.
 
         A row the job failed, or answered malformed, comes back None: marked, and asked again by the next run.
+        keep gets each collected job's keys and answers before the job leaves the ledger (the model cache): a
+        run killed after that never submits or pays for the job again.
         """
         wanted = {k: (i, d) for k, i, d in zip(keys, items, documents)}
         results: dict[str, Enrichment] = {}
@@ -146,18 +149,25 @@ class GeminiEnricher:
             if not wanted.keys() & set(job.keys):
                 continue  # another enricher's or an older run's rows: left for whoever needs them
             on_state(job)
-            self._collect(wait_for(self._client, job, ledger, polling, on_state), job, results)
-            ledger.close(job)
+            self._finish(wait_for(self._client, job, ledger, polling, on_state), job, results, ledger, keep)
         rest = {k: self._inlined(k, *wanted[k]) for k in wanted if k not in results}
         if rest:
             job = submit(self._client, self._model, "enrich", rest, ledger, f"inlet-{self.kind}-{len(rest)}-rows")
             on_state(job)
-            self._collect(wait_for(self._client, job, ledger, polling, on_state), job, results)
-            ledger.close(job)
+            self._finish(wait_for(self._client, job, ledger, polling, on_state), job, results, ledger, keep)
         failed = [r.error for k, r in results.items() if k in wanted and r.error]
         self.usage.failures += len(failed)
         self.usage.errors.extend(e for e in failed if e)
         return [results[k].text for k in keys]
+
+    def _finish(self, batch: types.BatchJob, job: JobRecord, results: dict[str, Enrichment], ledger: JobLedger,
+                keep: Callable[[list[str], list[str | None]], None] | None) -> None:
+        """Collect a finished job's answers, hand them to keep, then close the job in the ledger."""
+        self._collect(batch, job, results)
+        if keep is not None:
+            done = [k for k in job.keys if k in results]
+            keep(done, [results[k].text for k in done])
+        ledger.close(job)
 
     def _inlined(self, key: str, item: EnrichInput, document: str | None) -> types.InlinedRequest:
         return types.InlinedRequest(contents=self._prompt.render(item, document),

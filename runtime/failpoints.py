@@ -17,7 +17,9 @@ POINTS = (
     "detected",            # documents classified, no batch started
     "batch-extracted",     # a batch's elements and extracted artifacts written
     "batch-chunked",
+    "enrich-cached",       # inside enrichment: one call's answers appended to the model cache, later calls not made
     "batch-enriched",
+    "embed-cached",        # inside embedding: one call's vectors appended to the model cache
     "batch-embedded",
     "batch-validated",     # a batch finished, not yet handed to the writer
     "chunks-written",      # inside a commit group: chunk rows appended, their documents' older rows not yet deleted

@@ -133,6 +133,24 @@ def chunk_rows_schema(dim: int) -> pa.Schema:
     ])
 
 
+# The model cache (store/model_cache.py): one row per answer a model gave, by content key. Vectors are
+# variable-size lists: one table serves every embedder, and the integrity check finds a size that is off.
+EMBED, ENRICH = "embed", "enrich"  # the kinds of answer the model cache keeps
+MODEL_CACHE_SCHEMA = pa.schema([
+    pa.field("key", pa.string(), nullable=False),  # the embed_key or enrich_key of the chunks that use it
+    pa.field("kind", pa.string(), nullable=False),  # "embed" or "enrich"
+    pa.field("fingerprint", pa.string(), nullable=False),  # the embedder's or enricher's
+    pa.field("vector", pa.list_(pa.float32())),
+    pa.field("truncated", pa.bool_()),
+    pa.field("enrichment", pa.large_string()),
+    pa.field("prompt_tokens", pa.int64()),  # the call's usage, shared evenly among the answers it gave
+    pa.field("output_tokens", pa.int64()),
+    pa.field("cost_usd", pa.float64()),  # null: carried over from an older store's chunks, cost unknown
+    pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field("unused_since", pa.timestamp("us", tz="UTC")),  # set by maintenance while no chunk uses it
+])
+
+
 # LanceDB documents table: one row per source document; content_hash is the commit marker.
 DOCUMENT_ROWS_SCHEMA = pa.schema([
     *_LISTED,
@@ -188,6 +206,7 @@ RUN_COUNTS = (
     "docs_access_raised",  # indexed at a higher access level than their source's, by their own declaration
     "chunks_added", "chunks_removed", "chunks_reused", "chunks_written",
     "texts_enriched", "texts_enrich_failed", "texts_embedded", "texts_truncated",
+    "texts_enrich_cached", "texts_embed_cached",  # distinct texts the model cache served instead of the model
 )
 # Model usage of a run; *_usd are estimates from the config's price table, the rest are counts.
 ENRICH_USAGE = ("llm_calls", "llm_retries", "llm_malformed", "llm_failures", "llm_prompt_tokens",

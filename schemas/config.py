@@ -396,6 +396,9 @@ class MaintenanceConfig(_Strict):
 
     retention_days: float = Field(7.0, ge=0, description="Table versions (and the run tags on them) younger than "
                                   "this are kept for as_of; older ones are pruned. 0 keeps only the latest.")
+    keep_model_cache: bool = Field(False, description="Keep every model cache entry forever (cheap rebuilds and "
+                                   "rollbacks, at the cost of disk); otherwise entries that no chunk has used for "
+                                   "retention_days are dropped.")
     repair: bool = Field(False, description="Repair integrity findings: delete orphan chunks and bad vectors, and "
                          "send their documents back through the next ingest run.")
 
@@ -416,6 +419,9 @@ class StoreConfig(_Strict):
     documents_table: str = Field("documents", description="Name of the documents table.")
     runs_table: str = Field("runs", description="Name of the runs table.")
     quarantine_table: str = Field("quarantine", description="Name of the table listing what is quarantined now.")
+    cache_table: str = Field("model_cache", description="Name of the model cache table: every vector and "
+                             "enrichment a model made, by content key, kept from the moment it is answered "
+                             "(shared by the store's indexes and workers).")
     lock_wait_s: float = Field(0, ge=0, description="How long a run waits for another run writing to the same "
                                "store to finish; 0 refuses at once (nothing is written, the message names the "
                                "other run).")

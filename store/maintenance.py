@@ -7,10 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import lancedb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from runtime.memory import release_memory
 from schemas.arrow import PUBLISHED_TAG
-from store.tables import connect, open_table, sql_list, table_names
+from store.tables import IN_BATCH, connect, open_table, sql_list, table_names
 
 _FOREVER = timedelta(days=36_500)  # optimize() without pruning
 _VECTOR_BATCH = 20_000  # vectors checked at a time: memory stays flat however large the table
@@ -146,3 +147,54 @@ def requeue_documents(db: lancedb.DBConnection, documents_name: str, doc_ids: li
         return 0
     documents.update(where=f"doc_id IN ({sql_list(doc_ids)})", values={"content_hash": None})
     return len(doc_ids)
+
+
+# --- the model cache (store/model_cache.py) -----------------------------------------------------------------
+
+
+def used_model_keys(db: lancedb.DBConnection, chunks_tables: list[str]) -> pa.Array:
+    """Every embed and enrich key a chunk of these tables uses now (distinct; no vectors read)."""
+    parts = [pa.array([], pa.string())]
+    for name in chunks_tables:
+        table = open_table(db, name)
+        if table is None:
+            continue
+        for column in ("embed_key", "enrich_key"):
+            if column in table.schema.names:
+                parts.append(pc.unique(table.search().select([column]).limit(None).to_arrow()[column]
+                                       .combine_chunks()).drop_null())
+    return pc.unique(pa.concat_arrays(parts))
+
+
+def cache_entries(db: lancedb.DBConnection, name: str) -> pa.Table | None:
+    """key, kind, fingerprint, vector size (null for enrichments) and unused_since of every cache row (streamed)."""
+    table = open_table(db, name)
+    if table is None:
+        return None
+    parts = []
+    for batch in table.to_lance().to_batches(columns=["key", "kind", "fingerprint", "vector", "unused_since"],
+                                             batch_size=_VECTOR_BATCH, batch_readahead=1, fragment_readahead=1):
+        parts.append(pa.table({"key": batch["key"], "kind": batch["kind"], "fingerprint": batch["fingerprint"],
+                               "size": pc.list_value_length(batch["vector"]), "unused_since": batch["unused_since"]}))
+    if not parts:
+        return pa.table({"key": pa.array([], pa.string()), "kind": pa.array([], pa.string()),
+                         "fingerprint": pa.array([], pa.string()), "size": pa.array([], pa.int32()),
+                         "unused_since": pa.array([], pa.timestamp("us", tz="UTC"))})
+    return pa.concat_tables(parts)
+
+
+def set_unused_since(db: lancedb.DBConnection, name: str, keys: list[str], when: datetime | None) -> None:
+    """Mark these cache entries unused since when (None: in use again)."""
+    table = open_table(db, name)
+    for i in range(0, len(keys), IN_BATCH):
+        table.update(where=f"key IN ({sql_list(keys[i : i + IN_BATCH])})", values={"unused_since": when})
+
+
+def delete_cache_keys(db: lancedb.DBConnection, name: str, keys: list[str]) -> int:
+    """Delete every cache row of these keys; return how many keys were asked for."""
+    table = open_table(db, name)
+    if table is None or not keys:
+        return 0
+    for i in range(0, len(keys), IN_BATCH):
+        table.delete(f"key IN ({sql_list(keys[i : i + IN_BATCH])})")
+    return len(keys)

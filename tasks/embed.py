@@ -6,18 +6,19 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from providers.embedders import Embedder, embedder_spec, make_embedder
 from providers.gemini_batch import JobLedger, batch_polling
 from providers.pricing import model_cost
-from providers.tokenizer import count_tokens
 from runtime.artifacts import read_artifact, report_batch_job, write_artifact
 from runtime.isolate import (
     each_document,
@@ -29,6 +30,7 @@ from runtime.isolate import (
 )
 from runtime.progress import stage_progress
 from schemas.arrow import (
+    EMBED,
     EMBED_USAGE,
     ENRICHED_CHUNKS_SCHEMA,
     EXTRACTED_SCHEMA,
@@ -36,7 +38,8 @@ from schemas.arrow import (
 )
 from schemas.config import EmbeddingConfig, EnrichmentConfig, PricingConfig
 from schemas.errors import DocumentFailure
-from tasks import uncommitted
+from store.model_cache import LOCAL_FLUSH_S, CacheWriter, cached_rows
+from tasks.cache_rows import embedding_rows, vectors_of
 
 
 def embedding_input(text: str, enrichment: str | None, delimiter: str) -> str:
@@ -68,13 +71,16 @@ def _vector_column(vectors: np.ndarray, dim: int) -> pa.FixedSizeListArray:
 
 
 BatchCall = Callable[[list[str], list[str | None], list[str]], np.ndarray]
+Keep = Callable[[list[str], np.ndarray], None]  # one call's keys and vectors, for the model cache
 
 
 def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None], embedder: Embedder,
                  cached: pa.Table, batch_size: int, batch_call: BatchCall | None = None,
-                 advance: Callable[[int], None] | None = None) -> tuple[pa.Table, list[DocumentFailure]]:
+                 advance: Callable[[int], None] | None = None,
+                 keep: Keep | None = None) -> tuple[pa.Table, list[DocumentFailure]]:
     """Attach vectors: cached (embed_key, truncated, vector) rows reused, the rest embedded once per key.
 
+    keep gets each online call's keys and vectors right after the call (the model cache); batch_call keeps its own.
     With batch_call, every missing key goes to it at once (Gemini Batch Mode) instead of batch_size at a time.
     An input the embedder raises on (alone: a failing call is halved until the input is found) fails its
     documents, which leave the table; an outage (runtime/isolate.py) fails the run.
@@ -107,8 +113,10 @@ def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None]
 
             def call(rows: list[int], start: int = start, batch: list[str] = batch) -> None:
                 texts = [text_of[batch[r]] for r in rows]
-                fresh_vecs[np.asarray(rows, dtype=np.int64) + start] = embedder.embed(texts, [title_of[batch[r]]
-                                                                                            for r in rows])
+                vectors = embedder.embed(texts, [title_of[batch[r]] for r in rows])
+                fresh_vecs[np.asarray(rows, dtype=np.int64) + start] = vectors
+                if keep is not None:
+                    keep([batch[r] for r in rows], vectors)
                 for r, cut in zip(rows, embedder.truncated(texts)):
                     fresh_trunc[start + r] = cut
 
@@ -145,20 +153,39 @@ def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None]
 
 
 
-def embedding_usage(embedder: Embedder, embedded: pa.Table, inputs: list[str], cfg: EmbeddingConfig,
-                    pricing: PricingConfig) -> dict:
-    """Return the run's embedding calls, retries and tokens, with estimated dollars spent and spared by the cache."""
+def embedding_usage(embedder: Embedder, saved_usd: float, cfg: EmbeddingConfig, pricing: PricingConfig) -> dict:
+    """Return the run's embedding calls, retries and tokens, with estimated dollars spent and spared by the cache.
+
+    saved_usd: what the calls that made the vectors the cache served cost (the cache keeps each call's cost).
+    """
     calls = getattr(embedder, "calls", None)
     if calls is None:  # a local embedder: no calls to count, nothing to pay
         return {k: 0 for k in EMBED_USAGE}
-    reused = [t for t, now in zip(inputs, embedded["embedded_now"].to_pylist()) if not now]
-    saved_tokens = sum(count_tokens(t) for t in reused)
-    online = embedder.tokens - embedder.batch_tokens
     return {"embed_calls": calls, "embed_retries": embedder.retrier.retries, "embed_tokens": embedder.tokens,
             "embed_batch_jobs": embedder.batch_jobs,
-            "embed_cost_usd": model_cost(pricing, cfg.model, prompt=online)
-            + model_cost(pricing, cfg.model, prompt=embedder.batch_tokens, batch=True),
-            "embed_saved_usd": model_cost(pricing, cfg.model, prompt=saved_tokens)}
+            "embed_cost_usd": embed_cost(pricing, cfg.model, embedder.tokens, embedder.batch_tokens),
+            "embed_saved_usd": round(saved_usd, 9)}
+
+
+def embed_cost(pricing: PricingConfig, model: str, tokens: int, batch_tokens: int) -> float:
+    """Estimated dollars of embedding tokens, the Batch Mode part at the batch discount."""
+    return (model_cost(pricing, model, prompt=tokens - batch_tokens)
+            + model_cost(pricing, model, prompt=batch_tokens, batch=True))
+
+
+def cache_keeper(embedder: Embedder, put: Callable[[pa.Table], None], text_of: dict[str, str], cfg: EmbeddingConfig,
+                 pricing: PricingConfig) -> Keep:
+    """Write each call's vectors to the model cache with the tokens and cost of the calls since the last one."""
+    last = [getattr(embedder, "tokens", 0), getattr(embedder, "batch_tokens", 0)]
+
+    def keep(keys: list[str], vectors: np.ndarray) -> None:
+        tokens, batch = getattr(embedder, "tokens", 0), getattr(embedder, "batch_tokens", 0)
+        spent, spent_batch = tokens - last[0], batch - last[1]
+        last[:] = [tokens, batch]
+        put(embedding_rows(keys, embedder.fingerprint, vectors, embedder.truncated([text_of[k] for k in keys]),
+                           spent, embed_cost(pricing, cfg.model, spent, spent_batch), datetime.now(UTC)))
+
+    return keep
 
 
 class _ModelClock:
@@ -192,12 +219,13 @@ class Embedded:
     usage: dict[str, float]  # calls, tokens and dollars (EMBED_USAGE)
     extracted: str
     model_seconds: float = 0.0  # inside the embedder's calls: the model's time, not the pipeline's
+    cached: int = 0  # distinct texts the model cache served
 
 
 @task(name="embed", cache_policy=NO_CACHE)
 def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, enrichment: EnrichmentConfig,
-                pricing: PricingConfig, store_uri: str, chunks_table: str, run_dir: str, jobs_dir: str) -> Embedded:
-    """Embed chunks whose vector is not already stored; write embedded_chunks; return its path and usage."""
+                pricing: PricingConfig, store_uri: str, cache_table: str, run_dir: str, jobs_dir: str) -> Embedded:
+    """Embed chunks whose vector the model cache lacks, caching each call's; write embedded_chunks."""
     enriched = read_artifact(enriched_path, ENRICHED_CHUNKS_SCHEMA)
     spec = embedder_spec(cfg)
     schema = embedded_chunks_schema(spec.dim)
@@ -211,9 +239,13 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
         title_of = dict(zip(extracted["doc_id"].to_pylist(), extracted["title"].to_pylist()))
         titles = [title_of.get(d) or "" for d in enriched["doc_id"].to_pylist()]
     keys = [embed_key(t, spec.fingerprint, title) for t, title in zip(inputs, titles)]
-    cached = uncommitted.lookup(store_uri, chunks_table, "embed", "embed_key", keys,
-                                ["embed_key", "truncated", "vector"], schema, run_dir)
+    found = cached_rows(store_uri, cache_table, keys, ["key", "truncated", "vector", "cost_usd"])
+    saved = float(pc.sum(found["cost_usd"]).as_py() or 0.0)  # per distinct text: a call is made once a text
+    cached = vectors_of(found, spec.dim)
     embedder = _ModelClock(make_embedder(cfg))
+    paid = getattr(embedder.inner, "calls", None) is not None
+    writer = CacheWriter(store_uri, cache_table, EMBED, flush_s=0.0 if paid else LOCAL_FLUSH_S)
+    keep = cache_keeper(embedder.inner, writer.add, dict(zip(keys, inputs)), cfg, pricing)
     batch_call = None
     run_batch = getattr(embedder, "embed_batch", None)
     ledger = JobLedger(Path(jobs_dir))
@@ -221,18 +253,16 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
     polling = batch_polling(cfg.batch, ledger, "embed", pending) if run_batch else None
     if polling is not None:
         report = report_batch_job("gemini-embedding-batch-job")
-        batch_call = lambda texts, ts, ks: run_batch(texts, ts, ks, ledger, polling, report)  # noqa: E731
+        batch_call = lambda texts, ts, ks: run_batch(texts, ts, ks, ledger, polling, report, keep)  # noqa: E731
     with stage_progress("embed", len(pending)) as advance:
         embedded, rejected = embed_chunks(enriched, inputs, titles, embedder, cached, cfg.batch_size, batch_call,
-                                          advance)
-    if rejected:  # their chunks left the table: keep the inputs the usage is counted over in step with it
-        gone = {f.doc_id for f in rejected}
-        inputs = [t for t, d in zip(inputs, enriched["doc_id"].to_pylist()) if d not in gone]
-        failures += rejected
+                                          advance, keep)
+    writer.flush()
+    failures += rejected
     made = sum(embedded["embedded_now"].to_pylist())
     get_run_logger().info("embedded %d of %d chunks (%d reused, %d truncated by the model)", made,
                           embedded.num_rows, embedded.num_rows - made, sum(embedded["truncated"].to_pylist()))
     path = write_artifact(embedded, run_dir, "embedded_chunks", schema)
-    uncommitted.remember("embed", embedded.filter(embedded["embedded_now"])["embed_key"].to_pylist(), path)
-    return Embedded(path, embedding_usage(embedder.inner, embedded, inputs, cfg, pricing),
-                    quarantined_by(failures, extracted_path, run_dir, "embedded"), embedder.seconds)
+    return Embedded(path, embedding_usage(embedder.inner, saved, cfg, pricing),
+                    quarantined_by(failures, extracted_path, run_dir, "embedded"), embedder.seconds,
+                    cached.num_rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,7 +16,6 @@ from prefect.cache_policies import NO_CACHE
 from providers.enrichers import make_enricher
 from providers.gemini_batch import JobLedger, batch_polling
 from providers.pricing import model_cost
-from providers.tokenizer import count_tokens
 from providers.types import Enricher, EnrichInput, Usage
 from runtime.artifacts import read_artifact, report_batch_job, write_artifact
 from runtime.isolate import (
@@ -29,6 +29,7 @@ from runtime.isolate import (
 from runtime.progress import stage_progress
 from schemas.arrow import (
     CHUNKS_SCHEMA,
+    ENRICH,
     ENRICH_USAGE,
     ENRICHED_CHUNKS_SCHEMA,
     EXTRACTED_SCHEMA,
@@ -36,7 +37,8 @@ from schemas.arrow import (
 )
 from schemas.config import EnrichmentConfig, PricingConfig
 from schemas.errors import DocumentFailure
-from tasks import uncommitted
+from store.model_cache import LOCAL_FLUSH_S, CacheWriter, cached_rows
+from tasks.cache_rows import enrichment_rows
 
 
 def enrich_key(item: EnrichInput, fingerprint: str, document: str | None = None) -> str:
@@ -79,14 +81,17 @@ def enrich_inputs(chunks: pa.Table, titles: dict[str, str | None]) -> tuple[pa.T
 
 
 BatchCall = Callable[[list[EnrichInput], list[str | None], list[str]], list[str | None]]
+Keep = Callable[[list[str], list[str | None]], None]  # one call's keys and answers, for the model cache
 
 
 def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher | None,
                   cached: dict[str, str], documents: list[str | None] | None = None, batch_size: int = 50,
                   batch_call: BatchCall | None = None, keys: list[str] | None = None,
-                  advance: Callable[[int], None] | None = None) -> tuple[pa.Table, list[DocumentFailure]]:
+                  advance: Callable[[int], None] | None = None,
+                  keep: Keep | None = None) -> tuple[pa.Table, list[DocumentFailure]]:
     """Add enrichment columns; call the enricher only for keys not in cached (each key once).
 
+    keep gets each online call's keys and answers right after the call (the model cache); batch_call keeps its own.
     With batch_call, every missing key goes to it at once (Gemini Batch Mode) instead of batch_size at a time.
     keys: the rows' cache keys when the caller has them already. An input the enricher raises on (alone: a
     failing call is halved until the input is found) fails its documents, which leave the table; an outage
@@ -116,6 +121,8 @@ def enrich_chunks(chunks: pa.Table, items: list[EnrichInput], enricher: Enricher
         def call(rows: list[int], batch: list = batch) -> None:
             answers = enricher.enrich([batch[r][1][0] for r in rows], [batch[r][1][1] for r in rows])
             fresh.update(zip([batch[r][0] for r in rows], answers))
+            if keep is not None:
+                keep([batch[r][0] for r in rows], answers)
 
         bad = failing_items(call, range(len(batch)), model_fails_run)
         rejected.update({batch[r][0]: exc for r, exc in bad.items()})
@@ -148,42 +155,55 @@ def failed_enrichments(enriched: pa.Table) -> int:
     return int(pc.sum(failed_mask(enriched)).as_py() or 0)
 
 
-def _saved_tokens(enricher: Enricher, enriched: pa.Table, items: list[EnrichInput],
-                  documents: list[str | None]) -> tuple[int, int]:
-    """Estimate the (prompt, output) tokens of the calls the cache spared: rows served an enrichment already stored."""
-    estimate = getattr(enricher, "prompt_tokens", None)
-    if estimate is None:  # a local enricher costs nothing
-        return 0, 0
-    prompt = output = 0
-    for row, item, doc in zip(enriched.select(["enrichment", "enrich_key", "enriched_now"]).to_pylist(), items,
-                              documents):
-        if row["enrich_key"] is not None and not row["enriched_now"]:
-            prompt += estimate(item, doc)
-            output += count_tokens(row["enrichment"] or "")
-    return prompt, output
+def usage_cost(pricing: PricingConfig, model: str, delta: Usage) -> float:
+    """Estimated dollars of an enricher's usage: Batch Mode tokens at the batch discount, the rest at list price."""
+    return (model_cost(pricing, model, prompt=delta.prompt_tokens - delta.batch_prompt_tokens,
+                       output=delta.output_tokens - delta.batch_output_tokens,
+                       cached=delta.cached_tokens - delta.batch_cached_tokens)
+            + model_cost(pricing, model, prompt=delta.batch_prompt_tokens, output=delta.batch_output_tokens,
+                         cached=delta.batch_cached_tokens, batch=True))
 
 
-def enrichment_usage(enricher: Enricher | None, before: Usage, enriched: pa.Table, items: list[EnrichInput],
-                     documents: list[str | None], cfg: EnrichmentConfig, pricing: PricingConfig) -> dict:
-    """Return the run's model usage for enrichment: calls, retries, failures, tokens and estimated dollars."""
+def usage_since(usage: Usage, before: Usage) -> Usage:
+    """The usage added since before was copied (errors left out)."""
+    return Usage(**{f.name: getattr(usage, f.name) - getattr(before, f.name) for f in fields(Usage)
+                    if f.name != "errors"})
+
+
+def enrichment_usage(enricher: Enricher | None, before: Usage, saved_usd: float, cfg: EnrichmentConfig,
+                     pricing: PricingConfig) -> dict:
+    """Return the run's model usage for enrichment: calls, retries, failures, tokens, dollars spent and spared.
+
+    saved_usd: what the calls that made the enrichments the cache served cost (the cache keeps each call's cost).
+    """
     usage = getattr(enricher, "usage", None)
     if usage is None:
         return {k: 0 for k in ENRICH_USAGE}
-    delta = {f.name: getattr(usage, f.name) - getattr(before, f.name) for f in fields(Usage) if f.name != "errors"}
-    saved_prompt, saved_output = _saved_tokens(enricher, enriched, items, documents)
+    delta = usage_since(usage, before)
     return {
-        "llm_calls": delta["calls"], "llm_retries": delta["retries"], "llm_malformed": delta["malformed"],
-        "llm_failures": delta["failures"], "llm_prompt_tokens": delta["prompt_tokens"],
-        "llm_output_tokens": delta["output_tokens"], "llm_cached_tokens": delta["cached_tokens"],
-        "llm_batch_jobs": delta["batch_jobs"], "llm_batch_requests": delta["batch_requests"],
-        # Batch Mode tokens are billed at the batch discount, the rest at list price.
-        "llm_cost_usd": model_cost(pricing, cfg.model, prompt=delta["prompt_tokens"] - delta["batch_prompt_tokens"],
-                                   output=delta["output_tokens"] - delta["batch_output_tokens"],
-                                   cached=delta["cached_tokens"] - delta["batch_cached_tokens"])
-        + model_cost(pricing, cfg.model, prompt=delta["batch_prompt_tokens"], output=delta["batch_output_tokens"],
-                     cached=delta["batch_cached_tokens"], batch=True),
-        "llm_saved_usd": model_cost(pricing, cfg.model, prompt=saved_prompt, output=saved_output),
+        "llm_calls": delta.calls, "llm_retries": delta.retries, "llm_malformed": delta.malformed,
+        "llm_failures": delta.failures, "llm_prompt_tokens": delta.prompt_tokens,
+        "llm_output_tokens": delta.output_tokens, "llm_cached_tokens": delta.cached_tokens,
+        "llm_batch_jobs": delta.batch_jobs, "llm_batch_requests": delta.batch_requests,
+        "llm_cost_usd": usage_cost(pricing, cfg.model, delta), "llm_saved_usd": round(saved_usd, 9),
     }
+
+
+def cache_keeper(enricher: Enricher, put: Callable[[pa.Table], None], cfg: EnrichmentConfig,
+                 pricing: PricingConfig) -> Keep:
+    """Write each call's answers to the model cache with the usage and cost of the calls since the last one."""
+    usage = getattr(enricher, "usage", None)
+    last = [replace(usage) if usage is not None else Usage()]
+
+    def keep(keys: list[str], answers: list[str | None]) -> None:
+        delta = usage_since(usage, last[0]) if usage is not None else Usage()
+        last[0] = replace(usage) if usage is not None else last[0]
+        good = [(k, a) for k, a in zip(keys, answers) if a is not None]  # a failed or malformed answer is not kept
+        if good:
+            put(enrichment_rows([k for k, _ in good], enricher.fingerprint, [a for _, a in good], delta.prompt_tokens,
+                                delta.output_tokens, usage_cost(pricing, cfg.model, delta), datetime.now(UTC)))
+
+    return keep
 
 
 @dataclass(frozen=True)
@@ -193,12 +213,13 @@ class Enriched:
     path: str  # the enriched chunks artifact
     usage: dict[str, float]  # calls, tokens and dollars (ENRICH_USAGE)
     extracted: str
+    cached: int = 0  # distinct texts the model cache served
 
 
 @task(name="enrich", cache_policy=NO_CACHE)
 def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, pricing: PricingConfig,
-                 store_uri: str, chunks_table: str, run_dir: str, jobs_dir: str) -> Enriched:
-    """Enrich chunks whose enrichment is not already stored; write enriched_chunks; return its path and usage."""
+                 store_uri: str, cache_table: str, run_dir: str, jobs_dir: str) -> Enriched:
+    """Enrich chunks whose enrichment the model cache lacks, caching each call's; write enriched_chunks."""
     chunks = read_artifact(chunks_path, CHUNKS_SCHEMA)
     enricher = make_enricher(cfg) if cfg.enabled else None
     failures: list[DocumentFailure] = []
@@ -214,29 +235,30 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
         documents = [text_of.get(d) for d in chunks["doc_id"].to_pylist()]
     cached: dict[str, str] = {}
     keys: list[str] = []
+    saved = 0.0
     if enricher is not None and items:
         keys = [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, documents)]
-        found = uncommitted.lookup(store_uri, chunks_table, "enrich", "enrich_key", keys,
-                                   ["enrich_key", "enrichment"], ENRICHED_CHUNKS_SCHEMA, run_dir)
-        cached = dict(zip(found["enrich_key"].to_pylist(), found["enrichment"].to_pylist()))
+        found = cached_rows(store_uri, cache_table, keys, ["key", "enrichment", "cost_usd"])
+        cached = dict(zip(found["key"].to_pylist(), found["enrichment"].to_pylist()))
+        saved = float(pc.sum(found["cost_usd"]).as_py() or 0.0)  # per distinct text: a call is made once a text
     before = replace(getattr(enricher, "usage", Usage()))
+    writer = CacheWriter(store_uri, cache_table, ENRICH,
+                         flush_s=0.0 if getattr(enricher, "usage", None) is not None else LOCAL_FLUSH_S)
+    keep = cache_keeper(enricher, writer.add, cfg, pricing) if enricher is not None else None
     batch_call = None
     run_batch = getattr(enricher, "enrich_batch", None)
     ledger = JobLedger(Path(jobs_dir))
     polling = batch_polling(cfg.batch, ledger, "enrich", set(keys) - cached.keys()) if run_batch else None
     if polling is not None:
         report = report_batch_job("gemini-batch-job")
-        batch_call = lambda its, docs, ks: run_batch(its, docs, ks, ledger, polling, report)
+        batch_call = lambda its, docs, ks: run_batch(its, docs, ks, ledger, polling, report, keep)  # noqa: E731
     with stage_progress("enrich", len(set(keys) - cached.keys())) as advance:
         enriched, rejected = enrich_chunks(chunks, items, enricher, cached, documents, cfg.batch_size, batch_call,
-                                           keys or None, advance)
-    if rejected:  # their chunks left the table: keep what the usage is counted over in step with it
-        gone = {f.doc_id for f in rejected}
-        kept = [d not in gone for d in chunks["doc_id"].to_pylist()]
-        items = [i for i, k in zip(items, kept) if k]
-        documents = [d for d, k in zip(documents, kept) if k]
+                                           keys or None, advance, keep)
+    writer.flush()
+    if rejected:  # their chunks left the table
         failures += rejected
-    usage = enrichment_usage(enricher, before, enriched, items, documents, cfg, pricing)
+    usage = enrichment_usage(enricher, before, saved, cfg, pricing)
     made = sum(enriched["enriched_now"].to_pylist())
     failed = failed_enrichments(enriched)
     if enricher is None:  # not "N reused": nothing was looked up
@@ -245,6 +267,5 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
         get_run_logger().info("enriched %d of %d chunks (%d reused, %d failed and marked for the next run)", made,
                               enriched.num_rows, enriched.num_rows - made - failed, failed)
     path = write_artifact(enriched, run_dir, "enriched_chunks", ENRICHED_CHUNKS_SCHEMA)
-    uncommitted.remember("enrich", enriched.filter(enriched["enriched_now"])["enrich_key"].to_pylist(), path)
-    return Enriched(path, usage, quarantined_by(failures, extracted_path, run_dir, "enriched"))
+    return Enriched(path, usage, quarantined_by(failures, extracted_path, run_dir, "enriched"), len(cached))
 

@@ -6,7 +6,8 @@ The checks are pure functions over Arrow tables; the tasks read and write throug
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +26,8 @@ FINDINGS_SCHEMA = pa.schema([
     pa.field("chunk_id", pa.string()),
     pa.field("detail", pa.string(), nullable=False),
 ])
-CHECKS = ("orphan_chunk", "document_without_chunks", "chunk_count_mismatch", "bad_vector", "unindexed_rows")
+CHECKS = ("orphan_chunk", "document_without_chunks", "chunk_count_mismatch", "bad_vector", "unindexed_rows",
+          "cache_bad_vector", "cache_foreign_model")
 
 
 def _finding(table: str, check: str, detail: str, doc_id: str | None = None, chunk_id: str | None = None) -> dict:
@@ -93,6 +95,71 @@ def repair_plan(findings: pa.Table, chunks_name: str) -> tuple[list[str], list[s
     return drop, requeue
 
 
+@dataclass(frozen=True)
+class CacheSweep:
+    """What maintenance does to the model cache: entries to mark unused now, to mark used again, to drop."""
+
+    mark: list[str]
+    unmark: list[str]
+    drop: list[str]
+
+
+def cache_sweep(entries: pa.Table, used: pa.Array, now: datetime, retention_days: float, keep: bool) -> CacheSweep:
+    """Mark entries no chunk uses (since now), clear the mark of those used again, drop those unused past retention.
+
+    entries: key and unused_since of each cache row. An answer a killed run paid for and never committed is
+    unused too: kept for retention_days, so the next run finds it.
+    """
+    in_use = pc.is_in(entries["key"], value_set=used)
+    marked = pc.is_valid(entries["unused_since"])
+    mark = entries.filter(pc.and_(pc.invert(in_use), pc.invert(marked)))["key"]
+    unmark = entries.filter(pc.and_(in_use, marked))["key"]
+    cutoff = now - timedelta(days=retention_days)
+    old = pc.and_(pc.and_(pc.invert(in_use), marked), pc.less(entries["unused_since"],
+                                                               pa.scalar(cutoff, entries.schema.field("unused_since").type)))
+    drop = [] if keep else entries.filter(old)["key"].unique().to_pylist()
+    return CacheSweep(mark.unique().to_pylist(), unmark.unique().to_pylist(), drop)
+
+
+def cache_findings(table: str, entries: pa.Table, expected: dict[str, int | None],
+                   judged: tuple[str, ...] = ("embed", "enrich")) -> list[dict]:
+    """Cache entries the config cannot use: vectors of the wrong size for its embedder, models it does not name.
+
+    expected: each fingerprint the config's indexes use -> its vector size (None for an enricher). Entries of
+    other models are no damage (an older model, another config): reported as one count per model, for the
+    kinds judged (an enricher this machine cannot build, for want of a key, leaves its kind unjudged).
+    """
+    found = []
+    sizes = {fp: dim for fp, dim in expected.items() if dim is not None}
+    embed = entries.filter(pc.is_in(entries["fingerprint"], value_set=pa.array(list(sizes), pa.string())))
+    for row in embed.select(["key", "fingerprint", "size"]).to_pylist():
+        if row["size"] != sizes[row["fingerprint"]]:
+            found.append(_finding(table, "cache_bad_vector", f"entry {row['key']} holds a {row['size']}-dim vector, "
+                                  f"{row['fingerprint']} makes {sizes[row['fingerprint']]}"))
+    foreign = entries.filter(pc.and_(pc.invert(pc.is_in(entries["fingerprint"], value_set=pa.array(
+        list(expected), pa.string()))), pc.is_in(entries["kind"], value_set=pa.array(list(judged), pa.string()))))
+    for item in pc.value_counts(foreign["fingerprint"]).to_pylist() if foreign.num_rows else []:
+        found.append(_finding(table, "cache_foreign_model", f"{item['counts']} entries of {item['values']}, which "
+                              "this config does not use (dropped once unused for the retention, unless kept)"))
+    return found
+
+
+@task(name="sweep model cache", cache_policy=NO_CACHE)
+def cache_stage(store_uri: str, cache_table: str, chunks_tables: list[str], retention_days: float, keep: bool,
+                now: datetime) -> dict[str, int]:
+    """Mark model cache entries no chunk uses, drop those unused past the retention (unless kept); count them."""
+    db = connect(store_uri)
+    entries = maintenance.cache_entries(db, cache_table)
+    if entries is None:
+        return {"entries": 0, "unused": 0, "dropped": 0}
+    sweep = cache_sweep(entries, maintenance.used_model_keys(db, chunks_tables), now, retention_days, keep)
+    maintenance.set_unused_since(db, cache_table, sweep.mark, now)
+    maintenance.set_unused_since(db, cache_table, sweep.unmark, None)
+    dropped = maintenance.delete_cache_keys(db, cache_table, sweep.drop)
+    unused = int(pc.sum(pc.is_valid(entries["unused_since"])).as_py() or 0) + len(sweep.mark) - len(sweep.unmark)
+    return {"entries": entries.num_rows, "unused": unused - dropped, "dropped": dropped}
+
+
 @task(name="compact and prune", cache_policy=NO_CACHE)
 def compact_stage(store_uri: str, retention_days: float, now: datetime) -> dict[str, dict]:
     """Compact every table of the store, drop run tags older than the retention, prune older versions."""
@@ -108,10 +175,15 @@ def index_stage(store_uri: str, chunks_tables: list[str], fulltext: bool, ann_mi
 
 
 @task(name="check integrity", cache_policy=NO_CACHE)
-def integrity_stage(store_uri: str, pairs: list[tuple[str, str, int]]) -> pa.Table:
-    """Run every integrity check over each (chunks table, documents table, dim); return the findings."""
+def integrity_stage(store_uri: str, pairs: list[tuple[str, str, int]], cache_table: str | None = None,
+                    fingerprints: dict[str, int | None] | None = None,
+                    judged: tuple[str, ...] = ("embed", "enrich")) -> pa.Table:
+    """Run every integrity check over each (chunks table, documents table, dim) and the model cache; the findings."""
     db = connect(store_uri)
     rows = []
+    entries = maintenance.cache_entries(db, cache_table) if cache_table else None
+    if entries is not None:
+        rows += cache_findings(cache_table, entries, fingerprints or {}, judged)
     for chunks_name, documents_name, dim in pairs:
         held = maintenance.IntegrityInputs(db, chunks_name, documents_name)
         if held.chunks_table is not None:
@@ -122,14 +194,18 @@ def integrity_stage(store_uri: str, pairs: list[tuple[str, str, int]]) -> pa.Tab
 
 @task(name="repair", cache_policy=NO_CACHE)
 def repair_stage(store_uri: str, findings: pa.Table, pairs: list[tuple[str, str, int]]) -> dict[str, int]:
-    """Delete orphan chunks and bad vectors; send documents with missing or bad chunks back through ingest.
+    """Delete orphan chunks, bad vectors and cache entries of the wrong size; send damaged documents back to ingest.
 
     A document is sent back by clearing its content hash: the next run hashes the file again, finds
     it changed and rebuilds all its chunks. Unindexed rows are not repaired here: the index stage
     before the check already folded in what it could.
     """
     db = connect(store_uri)
-    repaired = {"chunks_deleted": 0, "documents_requeued": 0}
+    repaired = {"chunks_deleted": 0, "documents_requeued": 0, "cache_entries_deleted": 0}
+    bad = [f for f in findings.to_pylist() if f["check"] == "cache_bad_vector"]
+    if bad:  # the stages skip them and embed the text again; gone, the good vector made then is found
+        keys = [f["detail"].split()[1] for f in bad]  # "entry <key> holds ..." (cache_findings)
+        repaired["cache_entries_deleted"] = maintenance.delete_cache_keys(db, bad[0]["table"], keys)
     for chunks_name, documents_name, _ in pairs:
         drop, requeue = repair_plan(findings, chunks_name)
         repaired["chunks_deleted"] += maintenance.delete_chunks(db, chunks_name, drop)

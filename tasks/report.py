@@ -100,7 +100,7 @@ def summarize_run(documents: pa.Table, extracted: pa.Table, texts: dict[str, int
         "docs_refreshed": len(refresh_ids(documents)),
         "docs_access_raised": len(raised),
         **{k: getattr(load, k) for k in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written")},
-        **{k: texts.get(k, 0) for k in ("texts_enriched", "texts_embedded", "texts_truncated", "texts_enrich_failed")},
+        **{k: texts.get(k, 0) for k in RUN_COUNTS if k.startswith("texts_")},
         **total_usage(usage or {}),
         "quarantined": [{"doc_id": f["doc_id"], "stage": f["stage"] or "extract", "reason": f["reason"],
                          "message": f["message"]} for f in failed],

@@ -259,3 +259,90 @@ def test_a_marker_counts_for_its_own_store_only(pages, write_config, tmp_path):
     assert Path(marker).exists(), "nor does that store settle it"
     assert ingest(config_path=str(staging))["docs_changed"] == 1
     assert not Path(marker).exists(), "settled by its own store's run"
+
+
+# --- paid model work: the model cache keeps what a killed run was answered ------------------------------------
+
+KEY = "AIza-crash-key-must-never-leak-3"
+FAST_POLLING = {"poll_initial_s": 0.05, "poll_max_s": 0.2}
+
+
+def _gemini_config(write_config, folder: Path, store: str, server, batch_mode: bool = False) -> Path:
+    # One batch, committed only at the end: a kill anywhere in it loses the run's commit, never its paid answers.
+    # Four texts a call, so that enrichment and embedding each take several calls.
+    batch = {"batch": {"mode": "always", **FAST_POLLING}} if batch_mode else {}
+    return write_config(folder, name=f"{store}.yaml", store=store, sources=[
+        {"name": "pages", "path": str(folder), "include": ["**/*.md"]}],
+        enrichment={"provider": "gemini", "kind": "questions", "base_url": server.base_url, "batch_size": 4,
+                    **batch},
+        embedding={"kind": "gemini", "dim": 32, "base_url": server.base_url, "batch_size": 4, **batch},
+        execution={"batch_docs": 100, "commit_rows": 100_000, "workers": 1})
+
+
+def _paid(server) -> dict[str, int]:
+    """What the Gemini test server was asked so far: texts enriched and embedded, online and by batch job."""
+    calls = server.traffic.calls
+    return {"generate": calls.get("generateContent", 0), "embed": sum(server.traffic.embed_batch_sizes),
+            "jobs": calls.get("batchGenerateContent", 0) + calls.get("asyncBatchEmbedContent", 0)}
+
+
+def _cached(config: Path) -> dict[str, int]:
+    """Distinct texts the store's model cache holds answers for, by kind."""
+    store = load_config(config).store
+    db = lancedb.connect(str(store.uri))
+    names = db.list_tables()
+    if store.cache_table not in getattr(names, "tables", names):
+        return {"enrich": 0, "embed": 0}
+    rows = db.open_table(store.cache_table).to_arrow()
+    return {kind: len({k for k, kd in zip(rows["key"].to_pylist(), rows["kind"].to_pylist()) if kd == kind})
+            for kind in ("enrich", "embed")}
+
+
+GEMINI_KILLS = {  # failpoint -> what the cache holds after the kill: (enrich, embed) texts, "all" for every one
+    "enrich-cached@2": (8, 0),  # two calls of four answered, the rest of enrichment not asked
+    "embed-cached@2": ("all", 8),  # enrichment done, two embedding calls of four answered
+    "batch-validated": ("all", "all"),  # every model call made, nothing committed
+}
+
+
+def test_a_run_killed_inside_enrichment_embedding_or_before_its_commit_pays_again_only_for_unanswered_texts(
+        pages, write_config, tmp_path, monkeypatch):
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.gemini_server import GeminiServer
+
+    monkeypatch.setenv("GEMINI_API_KEY", KEY)
+    server = GeminiServer().start()
+    try:
+        reference = _gemini_config(write_config, pages, "gemini-reference", server)
+        ingest(config_path=str(reference))
+        expected, total = _tables(reference), _paid(server)
+        keys = _committed_keys(reference)
+        assert (total["embed"], total["generate"]) == (len(keys[0]), len(keys[1])), "each text paid once"
+        full = {"enrich": total["generate"], "embed": total["embed"]}
+        env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+        cases = [(point, False) for point in GEMINI_KILLS] + [("batch-validated", True)]
+        with Zygote(env) as zygote:
+            for n, (point, batch_mode) in enumerate(cases):
+                config = _gemini_config(write_config, pages, f"gemini-kill{n}", server, batch_mode)
+                before = _paid(server)
+                code = zygote.run(config, {"INLET_FAILPOINT": point}, config.with_suffix(".log"))
+                log = config.with_suffix(".log").read_text()
+                assert code == -9, f"{point}: not killed there (exit {code}):\n{log[-3000:]}"
+                killed, cached = _paid(server), _cached(config)
+                want = dict(zip(("enrich", "embed"), GEMINI_KILLS[point]))
+                assert cached == {k: full[k] if v == "all" else v for k, v in want.items()}, f"{point}: {cached}"
+                if not batch_mode:  # nothing in flight at these points: every answered call is in the cache
+                    assert (killed["generate"] - before["generate"], killed["embed"] - before["embed"]) == (
+                        cached["enrich"], cached["embed"]), point
+                summary = ingest(config_path=str(config))
+                again = _paid(server)
+                assert (again["generate"] - killed["generate"], again["embed"] - killed["embed"]) == (
+                    full["enrich"] - cached["enrich"], full["embed"] - cached["embed"]), \
+                    f"killed at {point}{' (Batch Mode)' * batch_mode}: the re-run paid for answered texts again"
+                assert again["jobs"] == killed["jobs"], "no batch job is submitted again"
+                assert (summary["texts_enrich_cached"], summary["texts_embed_cached"]) == (
+                    cached["enrich"], cached["embed"])
+                assert _tables(config) == expected, f"killed at {point}: the tables differ from an uninterrupted run's"
+    finally:
+        server.stop()

@@ -98,10 +98,12 @@ def test_a_planted_orphan_chunk_and_a_lost_chunk_are_found_and_repaired(corpus, 
     assert table.count_rows("chunk_id = 'planted'") == 1
 
     fixed = maintenance(config_path=str(config), repair=True)
-    assert fixed["repaired"] == {"chunks_deleted": 1, "documents_requeued": 1}
+    assert fixed["repaired"] == {"chunks_deleted": 1, "documents_requeued": 1, "cache_entries_deleted": 0}
     assert table.count_rows("chunk_id = 'planted'") == 0
     rerun = ingest(config_path=str(config))
-    assert rerun["docs_changed"] == 1 and rerun["texts_embedded"] == 1, "only the lost chunk is embedded again"
+    assert rerun["docs_changed"] == 1 and rerun["texts_embedded"] == 0, "the lost chunk's vector is in the model cache"
+    assert rerun["texts_embed_cached"] == len(set(some.filter(pa.compute.equal(
+        some["doc_id"], "sample:guides/boat-maintenance.md"))["embed_key"].to_pylist()))
     assert maintenance(config_path=str(config))["findings"] == []
 
 

@@ -138,24 +138,38 @@ def dask_cluster(tmp_path_factory, prefect_harness):
         log.close()
 
 
-def test_a_worker_process_batch_borrows_what_an_earlier_uncommitted_batch_embedded(tmp_path, write_config):
-    # Six copies of one guide, each with a last line of its own: three batches sharing all but a few texts. The
-    # writer holds the first two batches for one commit, so the second can only borrow from the first's artifacts.
+@pytest.mark.parametrize("runner", ["process", "dask"])
+def test_workers_given_batches_that_share_texts_pay_for_each_distinct_text_once(tmp_path, write_config, monkeypatch,
+                                                                                runner):
+    # Six copies of one guide, each with a last line of its own: six batches on two workers, sharing all but a
+    # few texts. Nothing is committed before the last batch: only the model cache can tell a worker what the
+    # other paid for.
+    from tests.gemini_server import GeminiServer
+
     corpus = tmp_path / "md"
     corpus.mkdir()
     for n in range(6):
         text = (SAMPLE / "guides" / "boat-maintenance.md").read_text()
         (corpus / f"guide-{n}.md").write_text(text + f"\nCopy {n} of the guide, kept in locker {n}.\n")
-    # One worker: the second batch starts after the first has finished, before anything is committed.
-    config = write_config(corpus, name="process.yaml", store="process",
-                          execution={"batch_docs": 2, "workers": 1, "task_runner": "process"})
-    summary = ingest(config_path=str(config))
-    keys = lancedb.connect(str(load_config(config).store.uri)).open_table("chunks").to_arrow()["embed_key"]
-    assert summary["texts_embedded"] == len(set(keys.to_pylist())), "each distinct text sent to the model once"
-    run = Path(load_config(config).store.artifacts) / summary["run_id"]
-    assert summary["texts_enriched"] == summary["texts_embedded"], "and to the enricher once"
-    assert sorted(p.name for p in (run / "uncommitted").iterdir()) == [
-        *(f"{kind}.0000{n}" for kind in ("committed", "embed", "enrich") for n in range(3))]
+    monkeypatch.setenv("GEMINI_API_KEY", "AIza-workers-key-must-never-leak-5")  # inherited by the workers
+    server = GeminiServer().start()
+    try:
+        config = write_config(corpus, name=f"{runner}.yaml", store=runner,
+                              enrichment={"provider": "gemini", "kind": "questions", "base_url": server.base_url},
+                              embedding={"kind": "gemini", "dim": 32, "base_url": server.base_url},
+                              execution={"batch_docs": 1, "workers": 2, "task_runner": runner,
+                                         "commit_rows": 100_000})
+        summary = ingest(config_path=str(config))
+        chunks = lancedb.connect(str(load_config(config).store.uri)).open_table("chunks").to_arrow()
+        enrich_keys, embed_keys = set(chunks["enrich_key"].to_pylist()), set(chunks["embed_key"].to_pylist())
+        assert summary["docs_new"] == 6 and len(embed_keys) < chunks.num_rows, "the batches share texts"
+        assert server.traffic.calls["generateContent"] == len(enrich_keys) == summary["texts_enriched"], \
+            "each distinct text enriched once"
+        assert sum(server.traffic.embed_batch_sizes) == len(embed_keys) == summary["texts_embedded"], \
+            "each distinct text embedded once"
+        assert summary["texts_enrich_cached"] > 0, "later batches were served what earlier ones paid for"
+    finally:
+        server.stop()
 
 
 def test_batches_run_on_an_existing_dask_cluster_given_by_address(sample_reference, tmp_path, dask_cluster):

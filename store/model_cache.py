@@ -1,0 +1,153 @@
+"""The model cache: every vector and enrichment a model made, by content key, in a LanceDB table of the store.
+
+Enrich and embed look their keys up here first, and append each model call's answers right after the call, so
+a run killed before its commit (SIGKILL, OOM, a lost worker, a redeploy) loses at most the calls in flight:
+the next run finds the rest here. The chunks table no longer doubles as the cache; a chunk copies its
+enrichment and vector from it. Failed or malformed answers are never written.
+
+One batch at a time talks to the models per store (models_lock: a file lock beside the store, which threads,
+worker processes and Dask workers on this machine all honour): each batch reads the cache with the lock
+held, sends only its misses, and has appended their answers before the next batch looks. Two workers so never
+pay for the same text. The cost: model calls of different batches do not overlap, which the provider's quota
+and in-flight bound mostly forbid anyway. A store on object storage locks per machine (a lock file in the
+temp folder): batches on different machines that reach the same new text at the same moment may both pay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import lancedb
+import pyarrow as pa
+import pyarrow.compute as pc
+from filelock import FileLock
+
+from runtime.failpoints import failpoint
+from schemas.arrow import EMBED, ENRICH, MODEL_CACHE_SCHEMA
+from store.tables import connect, is_remote_store, open_table, select_one_per_key
+
+MODELS_LOCK = ".inlet-models.lock"
+LOCAL_FLUSH_S = 2.0  # a local model's answers reach the cache every this many seconds (a paid one's after each call)
+_SEED_BATCH = 20_000  # chunk rows read at a time when an older store's chunks seed a new cache
+
+
+def models_lock_path(store_uri: str) -> Path:
+    """The lock file that lets one batch at a time talk to the models for this store."""
+    if not is_remote_store(store_uri):
+        Path(store_uri).mkdir(parents=True, exist_ok=True)
+        return Path(store_uri) / MODELS_LOCK
+    digest = hashlib.sha256(store_uri.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"inlet-models-{digest}.lock"
+
+
+@contextmanager
+def models_lock(store_uri: str) -> Iterator[None]:
+    """Hold the store's model lock: an OS file lock, released when its process dies (a killed run holds nothing)."""
+    with FileLock(models_lock_path(store_uri)):
+        yield
+
+
+def cached_rows(store_uri: str, name: str, keys: Iterable[str], columns: list[str]) -> pa.Table:
+    """One cache row per key found (any of its rows: a key's answers are all alike), only the named columns."""
+    return select_one_per_key(open_table(connect(store_uri), name), "key", keys, columns, MODEL_CACHE_SCHEMA)
+
+
+def open_cache(db: lancedb.DBConnection, name: str) -> lancedb.table.Table:
+    """Open the cache table, creating it empty when the store has none."""
+    table = open_table(db, name)
+    return table if table is not None else db.create_table(name, schema=MODEL_CACHE_SCHEMA, exist_ok=True)
+
+
+class CacheWriter:
+    """Appends one stage's model answers to the cache: after every call when paid, else every flush_s seconds.
+
+    A paid model's answers are each a small append right after their call (a kill loses the calls in flight
+    only). A local model's are gathered for flush_s seconds: a free answer lost to a kill costs only its
+    compute, and an append per call of a fast local embedder would cost more than the embedding.
+    """
+
+    def __init__(self, store_uri: str, name: str, kind: str, *, flush_s: float = 0.0) -> None:
+        self._uri, self._name, self._kind, self._flush_s = store_uri, name, kind, flush_s
+        self._waiting: list[pa.Table] = []
+        self._last = time.monotonic()
+        self.written = 0
+
+    def add(self, rows: pa.Table) -> None:
+        """Take one call's answers; append them (and any waiting) when due."""
+        if rows.num_rows:
+            self._waiting.append(rows)
+        if time.monotonic() - self._last >= self._flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Append what is waiting, as one table version."""
+        self._last = time.monotonic()
+        if not self._waiting:
+            return
+        rows = pa.concat_tables(self._waiting)
+        open_cache(connect(self._uri), self._name).add(rows)
+        self._waiting = []
+        self.written += rows.num_rows
+        failpoint(f"{self._kind}-cached")  # the crash tests kill a run here: these answers are safe, later ones not
+
+
+def _seed_rows(batch: pa.RecordBatch, seen: set[str], now: datetime) -> pa.Table:
+    """Cache rows for the enrichments and vectors one batch of an older store's chunk rows holds, each key once."""
+    rows = pa.Table.from_batches([batch])
+    parts = []
+    for kind, key, fp in ((EMBED, "embed_key", "embedder"), (ENRICH, "enrich_key", "enricher")):
+        have = rows.filter(pc.is_valid(rows[key]))
+        if kind == ENRICH:
+            have = have.filter(pc.is_valid(have["enrichment"]))
+        keep = []
+        for i, k in enumerate(have[key].to_pylist()):
+            if k not in seen:
+                seen.add(k)
+                keep.append(i)
+        have = have.take(keep)
+        n = have.num_rows
+        parts.append(pa.table({
+            "key": have[key], "kind": pa.array([kind] * n, pa.string()), "fingerprint": have[fp],
+            "vector": pc.cast(have["vector"], pa.list_(pa.float32())) if kind == EMBED else pa.nulls(
+                n, pa.list_(pa.float32())),
+            "truncated": have["truncated"] if kind == EMBED else pa.nulls(n, pa.bool_()),
+            "enrichment": have["enrichment"] if kind == ENRICH else pa.nulls(n, pa.large_string()),
+            "prompt_tokens": pa.nulls(n, pa.int64()), "output_tokens": pa.nulls(n, pa.int64()),
+            "cost_usd": pa.nulls(n, pa.float64()), "created_at": pa.array([now] * n, pa.timestamp("us", tz="UTC")),
+            "unused_since": pa.nulls(n, pa.timestamp("us", tz="UTC"))}).cast(MODEL_CACHE_SCHEMA))
+    return pa.concat_tables(parts)
+
+
+def prepare_cache(store_uri: str, name: str, chunk_tables: list[str]) -> int:
+    """Create the cache table if the store has none, seeded with what its chunks tables hold; return rows seeded.
+
+    A store an older Inlet built kept its model answers in the chunks only: carried over, its changed
+    documents' unchanged chunks are not paid for again. Rows stream through in batches (flat memory at 100k
+    documents); the table is created under the model lock, so concurrent runs cannot both seed it. A run
+    killed while seeding leaves the cache seeded in part: the texts left out are paid again when they change.
+    """
+    db = connect(store_uri)
+    if open_table(db, name) is not None:
+        return 0
+    with models_lock(store_uri):
+        old = [t for t in (open_table(db, n) for n in chunk_tables) if t is not None]
+        if open_table(db, name) is not None or not old:  # a new store: the first answer creates the table
+            return 0
+        now, seen, seeded = datetime.now(UTC), set(), 0
+        table = db.create_table(name, schema=MODEL_CACHE_SCHEMA, exist_ok=True)
+        columns = ["embed_key", "embedder", "truncated", "vector", "enrich_key", "enricher", "enrichment"]
+        for chunks in old:
+            if not set(columns) <= set(chunks.schema.names):
+                continue
+            for batch in chunks.to_lance().to_batches(columns=columns, batch_size=_SEED_BATCH):
+                rows = _seed_rows(batch, seen, now)
+                if rows.num_rows:
+                    table.add(rows)
+                    seeded += rows.num_rows
+        return seeded
