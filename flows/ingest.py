@@ -42,6 +42,7 @@ from store.tables import (
 )
 from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
+from tasks.load import tidy_cache_stage
 from tasks.plan import batch_bytes, plan_batches, write_batch_documents
 from tasks.report import IndexTotals, RunInfo, merge_usage, merge_validation, report_stage
 
@@ -244,6 +245,9 @@ def _jobs_dir(cfg: InletConfig) -> str:
     return str(Path.home() / ".inlet" / BATCH_JOBS_DIR / hashlib.sha256(cfg.store.uri.encode()).hexdigest()[:12])
 
 
+TIDY_EVERY = 32  # batches between merges of the model cache's fragments (store/model_cache.py tidy_cache)
+
+
 @dataclass
 class BatchTotals:
     """What every batch of a run did: per index, the run's notices, and seconds per stage summed over batches."""
@@ -294,6 +298,8 @@ def run_batches(cfg: InletConfig, batches: list[list[str]], run_dir: str, plans:
             spans.append(done.span)
             advance(len(batches[n]))
             release_memory()
+            if (n + 1) % TIDY_EVERY == 0 or n + 1 == len(batches):  # lookups of later batches and runs stay quick
+                tidy_cache_stage(cfg.store.uri, cfg.store.cache_table)
     # Stage seconds are summed over batches: with several workers they add up to more than the wall time.
     totals.seconds = {k: round(v, 3) for k, v in totals.seconds.items()}
     # First batch start to last batch end: the batches' own time, without the runner's start-up.

@@ -24,6 +24,7 @@ from store.commit import (
     settled_documents,
     tag_version,
 )
+from store.model_cache import tidy_cache
 from store.tables import connect, open_table
 
 _KEY_COLUMNS = ["chunk_id", "doc_id", "enricher", "enrich_key"]  # what the commits need of a group's embedded chunks
@@ -87,3 +88,15 @@ def fulltext_stage(store_uri: str, chunks_table: str) -> dict[str, dict[str, int
     if table is not None and index_state(table, "text")[0] is None:
         create_fulltext_index(table)
     return {} if table is None else index_coverage(table)
+
+
+@task(name="tidy model cache", cache_policy=NO_CACHE)
+def tidy_cache_stage(store_uri: str, cache_table: str) -> dict[str, int] | None:
+    """Merge the model cache's small fragments and index its keys, when lookups would scan too many of them."""
+    done = tidy_cache(store_uri, cache_table)
+    if done is None:
+        get_run_logger().info("model cache: nothing to tidy")
+    else:
+        get_run_logger().info("model cache: %(fragments_before)d fragments merged into %(fragments_after)d", done)
+    return done
+

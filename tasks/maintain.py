@@ -114,9 +114,8 @@ def cache_sweep(entries: pa.Table, used: pa.Array, now: datetime, retention_days
     marked = pc.is_valid(entries["unused_since"])
     mark = entries.filter(pc.and_(pc.invert(in_use), pc.invert(marked)))["key"]
     unmark = entries.filter(pc.and_(in_use, marked))["key"]
-    cutoff = now - timedelta(days=retention_days)
-    old = pc.and_(pc.and_(pc.invert(in_use), marked), pc.less(entries["unused_since"],
-                                                               pa.scalar(cutoff, entries.schema.field("unused_since").type)))
+    cutoff = pa.scalar(now - timedelta(days=retention_days), entries.schema.field("unused_since").type)
+    old = pc.and_(pc.and_(pc.invert(in_use), marked), pc.less(entries["unused_since"], cutoff))
     drop = [] if keep else entries.filter(old)["key"].unique().to_pylist()
     return CacheSweep(mark.unique().to_pylist(), unmark.unique().to_pylist(), drop)
 

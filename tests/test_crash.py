@@ -344,5 +344,9 @@ def test_a_run_killed_inside_enrichment_embedding_or_before_its_commit_pays_agai
                 assert (summary["texts_enrich_cached"], summary["texts_embed_cached"]) == (
                     cached["enrich"], cached["embed"])
                 assert _tables(config) == expected, f"killed at {point}: the tables differ from an uninterrupted run's"
+                print(f"{point}{' (Batch Mode)' * batch_mode}: killed run paid enrich/embed "  # the closing note's counts
+                      f"{killed['generate'] - before['generate']}/{killed['embed'] - before['embed']}, cached "
+                      f"{cached['enrich']}/{cached['embed']}; re-run paid {again['generate'] - killed['generate']}/"
+                      f"{again['embed'] - killed['embed']} of {full['enrich']}/{full['embed']}")
     finally:
         server.stop()

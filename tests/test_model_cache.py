@@ -89,7 +89,7 @@ def test_maintenance_keeps_unused_answers_for_the_retention_then_drops_them_and_
     guide = corpus / "guides" / "boat-maintenance.md"
     guide.write_text(guide.read_text().replace("2% hardener", "3% hardener"))
     edited = ingest(config_path=str(config))
-    assert edited["texts_embedded"] >= 1 and edited["texts_embed_cached"] >= 1, "its unchanged chunks came from the cache"
+    assert edited["texts_embedded"] >= 1 and edited["texts_embed_cached"] >= 1, "unchanged chunks: from the cache"
     cache = lancedb.connect(store.uri).open_table(store.cache_table)
     old = cache.count_rows()
     dim = len(cache.to_arrow()["vector"].drop_null()[0].as_py())
@@ -143,3 +143,21 @@ def test_the_model_lock_lives_beside_a_local_store(tmp_path):
     assert models_lock_path(str(tmp_path / "store")) == Path(tmp_path / "store" / ".inlet-models.lock")
     with models_lock(str(tmp_path / "store")):
         assert (tmp_path / "store" / ".inlet-models.lock").exists()
+
+
+def test_tidying_merges_the_appends_small_fragments_and_indexes_the_keys_without_losing_an_answer(tmp_path):
+    from store.model_cache import MOST_FRAGMENTS, tidy_cache
+
+    store = str(tmp_path / "store")
+    writer = CacheWriter(store, "model_cache", "embed", flush_s=0.0)
+    keys = [f"k{n}" for n in range(MOST_FRAGMENTS + 6)]
+    for n, key in enumerate(keys):  # one append a call, as a paid embedder's
+        writer.add(embedding_rows([key], "e", np.full((1, 3), n, np.float32), [False], 1, 0.001, NOW))
+    done = tidy_cache(store, "model_cache")
+    assert done == {"fragments_before": len(keys), "fragments_after": 1}
+    table = lancedb.connect(store).open_table("model_cache")
+    assert [i.columns for i in table.list_indices()] == [["key"]]
+    found = cached_rows(store, "model_cache", keys, ["key", "vector"])
+    assert sorted(zip(found["key"].to_pylist(), found["vector"].to_pylist())) == sorted(
+        (k, [float(n)] * 3) for n, k in enumerate(keys))
+    assert tidy_cache(store, "model_cache") is None, "nothing to do twice"
