@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from providers.embedders import Embedder, embedder_spec, make_embedder
+from providers.embedders import Embedder, EmbedderSpec, embedder_spec, make_embedder
 from providers.gemini_batch import JobLedger, batch_polling
 from providers.pricing import model_cost
 from runtime.artifacts import read_artifact, report_batch_job, write_artifact
@@ -222,6 +222,51 @@ class Embedded:
     cached: int = 0  # distinct texts the model cache served
 
 
+@dataclass(frozen=True)
+class EmbedWork:
+    """One batch's embedding to do: its chunks, each one's embedding input and title, their cache keys."""
+
+    chunks: pa.Table
+    inputs: list[str]
+    titles: list[str | None]
+    keys: list[str]
+    failures: list[DocumentFailure]  # documents whose input could not be built
+
+
+def embed_work(enriched: pa.Table, extracted: pa.Table | None, spec: EmbedderSpec, delimiter: str) -> EmbedWork:
+    """What to ask the embedder for a batch's enriched chunks (titles only for embedders that read them)."""
+    enriched, inputs, failures = embedding_inputs(enriched, delimiter)
+    titles: list[str | None] = [None] * len(inputs)
+    if spec.uses_titles and extracted is not None:
+        title_of = dict(zip(extracted["doc_id"].to_pylist(), extracted["title"].to_pylist()))
+        titles = [title_of.get(d) or "" for d in enriched["doc_id"].to_pylist()]
+    keys = [embed_key(t, spec.fingerprint, title) for t, title in zip(inputs, titles)]
+    return EmbedWork(enriched, inputs, titles, keys, failures)
+
+
+def embed_batch(work: EmbedWork, embedder: Embedder, cached: pa.Table, saved_usd: float, cfg: EmbeddingConfig,
+                pricing: PricingConfig, ledger: JobLedger, put: Callable[[pa.Table], None]
+                ) -> tuple[pa.Table, list[DocumentFailure], dict[str, float]]:
+    """Embed a batch: cached (embed_key, truncated, vector) rows reused, the rest embedded and put in the cache.
+
+    saved_usd: what the calls that made the cached vectors cost. Returns the embedded chunks, the documents
+    that failed (input or answer) and the model usage.
+    """
+    inner = getattr(embedder, "inner", embedder)  # what _ModelClock times
+    keep = cache_keeper(inner, put, dict(zip(work.keys, work.inputs)), cfg, pricing)
+    batch_call = None
+    run_batch = getattr(embedder, "embed_batch", None)
+    pending = set(work.keys) - set(cached["embed_key"].to_pylist())
+    polling = batch_polling(cfg.batch, ledger, "embed", pending) if run_batch else None
+    if polling is not None:
+        report = report_batch_job("gemini-embedding-batch-job")
+        batch_call = lambda texts, ts, ks: run_batch(texts, ts, ks, ledger, polling, report, keep)  # noqa: E731
+    with stage_progress("embed", len(pending)) as advance:
+        embedded, rejected = embed_chunks(work.chunks, work.inputs, work.titles, embedder, cached, cfg.batch_size,
+                                          batch_call, advance, keep)
+    return embedded, work.failures + rejected, embedding_usage(inner, saved_usd, cfg, pricing)
+
+
 @task(name="embed", cache_policy=NO_CACHE)
 def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, enrichment: EnrichmentConfig,
                 pricing: PricingConfig, store_uri: str, cache_table: str, run_dir: str, jobs_dir: str) -> Embedded:
@@ -232,37 +277,19 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
     if enriched.num_rows == 0:  # nothing to embed: do not load a model for it
         return Embedded(write_artifact(schema.empty_table(), run_dir, "embedded_chunks", schema),
                         {k: 0 for k in EMBED_USAGE}, extracted_path)
-    enriched, inputs, failures = embedding_inputs(enriched, enrichment.delimiter)
-    titles: list[str | None] = [None] * len(inputs)
-    if spec.uses_titles:
-        extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
-        title_of = dict(zip(extracted["doc_id"].to_pylist(), extracted["title"].to_pylist()))
-        titles = [title_of.get(d) or "" for d in enriched["doc_id"].to_pylist()]
-    keys = [embed_key(t, spec.fingerprint, title) for t, title in zip(inputs, titles)]
-    found = cached_rows(store_uri, cache_table, keys, ["key", "truncated", "vector", "cost_usd"])
-    saved = float(pc.sum(found["cost_usd"]).as_py() or 0.0)  # per distinct text: a call is made once a text
+    extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA) if spec.uses_titles else None
+    work = embed_work(enriched, extracted, spec, enrichment.delimiter)
+    found = cached_rows(store_uri, cache_table, work.keys, ["key", "truncated", "vector", "cost_usd"])
     cached = vectors_of(found, spec.dim)
     embedder = _ModelClock(make_embedder(cfg))
     paid = getattr(embedder.inner, "calls", None) is not None
     writer = CacheWriter(store_uri, cache_table, EMBED, flush_s=0.0 if paid else LOCAL_FLUSH_S)
-    keep = cache_keeper(embedder.inner, writer.add, dict(zip(keys, inputs)), cfg, pricing)
-    batch_call = None
-    run_batch = getattr(embedder, "embed_batch", None)
-    ledger = JobLedger(Path(jobs_dir))
-    pending = set(keys) - set(cached["embed_key"].to_pylist())
-    polling = batch_polling(cfg.batch, ledger, "embed", pending) if run_batch else None
-    if polling is not None:
-        report = report_batch_job("gemini-embedding-batch-job")
-        batch_call = lambda texts, ts, ks: run_batch(texts, ts, ks, ledger, polling, report, keep)  # noqa: E731
-    with stage_progress("embed", len(pending)) as advance:
-        embedded, rejected = embed_chunks(enriched, inputs, titles, embedder, cached, cfg.batch_size, batch_call,
-                                          advance, keep)
+    embedded, failures, usage = embed_batch(work, embedder, cached, float(pc.sum(found["cost_usd"]).as_py() or 0.0),
+                                            cfg, pricing, JobLedger(Path(jobs_dir)), writer.add)
     writer.flush()
-    failures += rejected
     made = sum(embedded["embedded_now"].to_pylist())
     get_run_logger().info("embedded %d of %d chunks (%d reused, %d truncated by the model)", made,
                           embedded.num_rows, embedded.num_rows - made, sum(embedded["truncated"].to_pylist()))
     path = write_artifact(embedded, run_dir, "embedded_chunks", schema)
-    return Embedded(path, embedding_usage(embedder.inner, saved, cfg, pricing),
-                    quarantined_by(failures, extracted_path, run_dir, "embedded"), embedder.seconds,
+    return Embedded(path, usage, quarantined_by(failures, extracted_path, run_dir, "embedded"), embedder.seconds,
                     cached.num_rows)

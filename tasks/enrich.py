@@ -216,56 +216,73 @@ class Enriched:
     cached: int = 0  # distinct texts the model cache served
 
 
+@dataclass(frozen=True)
+class EnrichWork:
+    """One batch's enrichment to do: its chunks, what the enricher sees of each, their cache keys."""
+
+    chunks: pa.Table
+    items: list[EnrichInput]
+    documents: list[str | None]  # each chunk's whole document, for `context` enrichment (else None)
+    keys: list[str]
+    failures: list[DocumentFailure]  # documents whose input could not be built
+
+
+def enrich_work(chunks: pa.Table, extracted: pa.Table | None, enricher: Enricher | None, kind: str) -> EnrichWork:
+    """What to ask the enricher for a batch's chunks (nothing when enrichment is off)."""
+    if enricher is None or extracted is None:
+        return EnrichWork(chunks, [], [], [], [])
+    chunks, items, failures = enrich_inputs(chunks, dict(zip(extracted["doc_id"].to_pylist(),
+                                                             extracted["title"].to_pylist())))
+    documents: list[str | None] = [None] * len(items)
+    if kind == "context" and items:  # the whole document goes into the prompt
+        text_of = document_texts(chunks)
+        documents = [text_of.get(d) for d in chunks["doc_id"].to_pylist()]
+    keys = [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, documents)]
+    return EnrichWork(chunks, items, documents, keys, failures)
+
+
+def enrich_batch(work: EnrichWork, enricher: Enricher | None, found: pa.Table, cfg: EnrichmentConfig,
+                 pricing: PricingConfig, ledger: JobLedger, put: Callable[[pa.Table], None]
+                 ) -> tuple[pa.Table, list[DocumentFailure], dict[str, float]]:
+    """Enrich a batch: found (key, enrichment, cost_usd: the model cache's rows) reused, the rest asked and put.
+
+    Returns the enriched chunks, the documents that failed (input or answer) and the model usage.
+    """
+    cached = dict(zip(found["key"].to_pylist(), found["enrichment"].to_pylist()))
+    saved = float(pc.sum(found["cost_usd"]).as_py() or 0.0)  # per distinct text: a call is made once a text
+    before = replace(getattr(enricher, "usage", Usage()))
+    keep = cache_keeper(enricher, put, cfg, pricing) if enricher is not None else None
+    batch_call = None
+    run_batch = getattr(enricher, "enrich_batch", None)
+    todo = set(work.keys) - cached.keys()
+    polling = batch_polling(cfg.batch, ledger, "enrich", todo) if run_batch else None
+    if polling is not None:
+        report = report_batch_job("gemini-batch-job")
+        batch_call = lambda its, docs, ks: run_batch(its, docs, ks, ledger, polling, report, keep)  # noqa: E731
+    with stage_progress("enrich", len(todo)) as advance:
+        enriched, rejected = enrich_chunks(work.chunks, work.items, enricher, cached, work.documents, cfg.batch_size,
+                                           batch_call, work.keys or None, advance, keep)
+    return enriched, work.failures + rejected, enrichment_usage(enricher, before, saved, cfg, pricing)
+
+
 @task(name="enrich", cache_policy=NO_CACHE)
 def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, pricing: PricingConfig,
                  store_uri: str, cache_table: str, run_dir: str, jobs_dir: str) -> Enriched:
     """Enrich chunks whose enrichment the model cache lacks, caching each call's; write enriched_chunks."""
-    chunks = read_artifact(chunks_path, CHUNKS_SCHEMA)
     enricher = make_enricher(cfg) if cfg.enabled else None
-    failures: list[DocumentFailure] = []
-    if enricher is None:  # enrichment off: null columns, nothing to look up or build
-        items: list[EnrichInput] = []
-    else:
-        extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
-        chunks, items, failures = enrich_inputs(chunks, dict(zip(extracted["doc_id"].to_pylist(),
-                                                                 extracted["title"].to_pylist())))
-    documents: list[str | None] = [None] * len(items)
-    if enricher is not None and cfg.kind == "context" and items:  # the whole document goes into the prompt
-        text_of = document_texts(chunks)
-        documents = [text_of.get(d) for d in chunks["doc_id"].to_pylist()]
-    cached: dict[str, str] = {}
-    keys: list[str] = []
-    saved = 0.0
-    if enricher is not None and items:
-        keys = [enrich_key(i, enricher.fingerprint, d) for i, d in zip(items, documents)]
-        found = cached_rows(store_uri, cache_table, keys, ["key", "enrichment", "cost_usd"])
-        cached = dict(zip(found["key"].to_pylist(), found["enrichment"].to_pylist()))
-        saved = float(pc.sum(found["cost_usd"]).as_py() or 0.0)  # per distinct text: a call is made once a text
-    before = replace(getattr(enricher, "usage", Usage()))
-    writer = CacheWriter(store_uri, cache_table, ENRICH,
-                         flush_s=0.0 if getattr(enricher, "usage", None) is not None else LOCAL_FLUSH_S)
-    keep = cache_keeper(enricher, writer.add, cfg, pricing) if enricher is not None else None
-    batch_call = None
-    run_batch = getattr(enricher, "enrich_batch", None)
-    ledger = JobLedger(Path(jobs_dir))
-    polling = batch_polling(cfg.batch, ledger, "enrich", set(keys) - cached.keys()) if run_batch else None
-    if polling is not None:
-        report = report_batch_job("gemini-batch-job")
-        batch_call = lambda its, docs, ks: run_batch(its, docs, ks, ledger, polling, report, keep)  # noqa: E731
-    with stage_progress("enrich", len(set(keys) - cached.keys())) as advance:
-        enriched, rejected = enrich_chunks(chunks, items, enricher, cached, documents, cfg.batch_size, batch_call,
-                                           keys or None, advance, keep)
+    extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA) if enricher is not None else None
+    work = enrich_work(read_artifact(chunks_path, CHUNKS_SCHEMA), extracted, enricher, cfg.kind)
+    found = cached_rows(store_uri, cache_table, work.keys, ["key", "enrichment", "cost_usd"])
+    paid = getattr(enricher, "usage", None) is not None
+    writer = CacheWriter(store_uri, cache_table, ENRICH, flush_s=0.0 if paid else LOCAL_FLUSH_S)
+    enriched, failures, usage = enrich_batch(work, enricher, found, cfg, pricing, JobLedger(Path(jobs_dir)),
+                                             writer.add)
     writer.flush()
-    if rejected:  # their chunks left the table
-        failures += rejected
-    usage = enrichment_usage(enricher, before, saved, cfg, pricing)
-    made = sum(enriched["enriched_now"].to_pylist())
-    failed = failed_enrichments(enriched)
+    made, failed = sum(enriched["enriched_now"].to_pylist()), failed_enrichments(enriched)
     if enricher is None:  # not "N reused": nothing was looked up
-        get_run_logger().info("enrichment is off: %d chunks go on without one", chunks.num_rows)
+        get_run_logger().info("enrichment is off: %d chunks go on without one", enriched.num_rows)
     else:
         get_run_logger().info("enriched %d of %d chunks (%d reused, %d failed and marked for the next run)", made,
                               enriched.num_rows, enriched.num_rows - made - failed, failed)
     path = write_artifact(enriched, run_dir, "enriched_chunks", ENRICHED_CHUNKS_SCHEMA)
-    return Enriched(path, usage, quarantined_by(failures, extracted_path, run_dir, "enriched"), len(cached))
-
+    return Enriched(path, usage, quarantined_by(failures, extracted_path, run_dir, "enriched"), found.num_rows)

@@ -10,6 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from runtime.artifacts import read_artifact
 from runtime.failpoints import failpoint
+from runtime.memory import release_memory
 from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, embedded_chunks_schema
 from store.commit import (
     CommitTarget,
@@ -94,6 +95,7 @@ def fulltext_stage(store_uri: str, chunks_table: str) -> dict[str, dict[str, int
 def tidy_cache_stage(store_uri: str, cache_table: str) -> dict[str, int] | None:
     """Merge the model cache's small fragments and index its keys, when lookups would scan too many of them."""
     done = tidy_cache(store_uri, cache_table)
+    release_memory()  # what the merge read and wrote goes back before the next batch's
     if done is None:
         get_run_logger().info("model cache: nothing to tidy")
     else:
