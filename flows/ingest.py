@@ -72,7 +72,7 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     """Bring the LanceDB store up to date with the configured sources; return the run summary.
 
     config -> crawl -> detect -> plan batches -> per batch on the task runner (extract -> chunk -> refresh ->
-    enrich -> embed -> validate) -> commit in groups -> publish -> report. One writer per index commits the
+    enrich -> embed -> validate) -> commit in groups -> publish -> tidy the model cache -> report. One writer per index commits the
     finished batches in order and publishes the run's last version to readers at the end. With index variants,
     the crawl and each batch's extraction are shared; each variant chunks, enriches, embeds and commits to its
     own tables, and the summary carries each variant's under "variants".
@@ -113,9 +113,12 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
                 clock.run("import gx", gx.context)
             done = clock.run("batches", run_batches, cfg, batches, run.run_dir, plans, writers)
         clock.seconds = merge_usage(clock.seconds, done.seconds)  # summed: "import gx" may come from both
+        results = [writer.finish(ann_min_rows=plan.cfg.query.ann_min_rows)  # the last commit group, then publish
+                   for plan, writer in zip(plans, writers)]
+        if batches:  # after publishing, not beside the index builds: the run's memory peak is there
+            clock.run("tidy cache", tidy_cache_stage, cfg.store.uri, cfg.store.cache_table)
         summaries = []
-        for plan, d, writer, totals in zip(plans, detected, writers, done.indexes):
-            loaded = writer.finish(ann_min_rows=plan.cfg.query.ann_min_rows)  # the last commit group, then publish
+        for plan, d, writer, totals, loaded in zip(plans, detected, writers, done.indexes, results):
             if d.markers:  # what killed runs left, now committed again
                 inflight.settle(d.markers, worked_ids(read_artifact(d.documents, DOCUMENTS_SCHEMA)))
             clock.seconds.update({k + _suffix(plan): v for k, v in writer.clock.seconds.items()})
@@ -298,7 +301,7 @@ def run_batches(cfg: InletConfig, batches: list[list[str]], run_dir: str, plans:
             spans.append(done.span)
             advance(len(batches[n]))
             release_memory()
-            if (n + 1) % TIDY_EVERY == 0 or n + 1 == len(batches):  # lookups of later batches and runs stay quick
+            if (n + 1) % TIDY_EVERY == 0 and n + 1 < len(batches):  # later batches' lookups stay quick
                 tidy_cache_stage(cfg.store.uri, cfg.store.cache_table)
     # Stage seconds are summed over batches: with several workers they add up to more than the wall time.
     totals.seconds = {k: round(v, 3) for k, v in totals.seconds.items()}

@@ -347,6 +347,7 @@ def test_a_run_killed_inside_enrichment_embedding_or_before_its_commit_pays_agai
                 print(f"{point}{' (Batch Mode)' * batch_mode}: killed run paid enrich/embed "  # the closing note's counts
                       f"{killed['generate'] - before['generate']}/{killed['embed'] - before['embed']}, cached "
                       f"{cached['enrich']}/{cached['embed']}; re-run paid {again['generate'] - killed['generate']}/"
-                      f"{again['embed'] - killed['embed']} of {full['enrich']}/{full['embed']}")
+                      f"{again['embed'] - killed['embed']} of {full['enrich']}/{full['embed']}; batch jobs submitted "
+                      f"{killed['jobs'] - before['jobs']}, then {again['jobs'] - killed['jobs']}")
     finally:
         server.stop()
