@@ -32,7 +32,7 @@ from schemas.config import InletConfig, load_config
 from schemas.errors import ConfigError
 from store import inflight
 from store.commit import CommitTarget
-from store.model_cache import prepare_cache
+from store.model_cache import needs_tidy, prepare_cache
 from store.tables import (
     connect,
     is_remote_store,
@@ -115,7 +115,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         clock.seconds = merge_usage(clock.seconds, done.seconds)  # summed: "import gx" may come from both
         results = [writer.finish(ann_min_rows=plan.cfg.query.ann_min_rows)  # the last commit group, then publish
                    for plan, writer in zip(plans, writers)]
-        if batches:  # after publishing, not beside the index builds: the run's memory peak is there
+        # After publishing, not beside the index builds (the run's memory peak); a task run only when due, as "index".
+        if batches and clock.run("tidy cache", needs_tidy, cfg.store.uri, cfg.store.cache_table):
             clock.run("tidy cache", tidy_cache_stage, cfg.store.uri, cfg.store.cache_table)
         summaries = []
         for plan, d, writer, totals, loaded in zip(plans, detected, writers, done.indexes, results):
@@ -302,7 +303,7 @@ def run_batches(cfg: InletConfig, batches: list[list[str]], run_dir: str, plans:
             advance(len(batches[n]))
             release_memory()
             if (n + 1) % TIDY_EVERY == 0 and n + 1 < len(batches):  # later batches' lookups stay quick
-                tidy_cache_stage(cfg.store.uri, cfg.store.cache_table)
+                tidy_cache_stage(cfg.store.uri, cfg.store.cache_table)  # a task run only when due, as "index"
     # Stage seconds are summed over batches: with several workers they add up to more than the wall time.
     totals.seconds = {k: round(v, 3) for k, v in totals.seconds.items()}
     # First batch start to last batch end: the batches' own time, without the runner's start-up.

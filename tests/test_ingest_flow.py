@@ -312,7 +312,7 @@ def task_names(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 EVERY_STAGE = ["crawl", "detect", "batch", "extract", "chunk", "refresh enrichment", "enrich", "embed", "validate",
-               "upsert", "publish", "tidy model cache", "report"]
+               "upsert", "publish", "report"]
 
 
 def test_every_stage_is_a_task_run_in_every_run_even_with_nothing_to_do(corpus, write_config, task_names, caplog):

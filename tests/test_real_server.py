@@ -132,7 +132,7 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_worker_and_reports_to_the_serv
     _prefect(server, "worker", "start", "--pool", "local-proc", "--run-once", timeout=600)
 
     # Three batches of two; the writer commits the first two and builds the full-text index while the last runs.
-    per_run = {"crawl": 1, "detect": 1, "upsert": 2, "index": 1, "tidy model cache": 1, "publish": 1, "report": 1}
+    per_run = {"crawl": 1, "detect": 1, "upsert": 2, "index": 1, "publish": 1, "report": 1}
     expected = {**per_run, **dict.fromkeys(BATCH_STAGES, 3)}
     run, tasks, artifacts, deployments = _read_settled(server["PREFECT_API_URL"], flow_run_id,
                                                        3 + sum(expected.values()))
@@ -172,8 +172,7 @@ def test_a_one_document_incremental_run_shows_every_stage_in_the_prefect_ui(serv
         out = subprocess.run(inlet, env=server, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
         assert out.returncode == 0, out.stderr[-3000:]
     flow_run_id = asyncio.run(_latest_flow_run(server["PREFECT_API_URL"]))
-    expected = {"crawl": 1, "detect": 1, **dict.fromkeys(BATCH_STAGES, 1), "tidy model cache": 1, "upsert": 1,
-                "publish": 1, "report": 1}
+    expected = {"crawl": 1, "detect": 1, **dict.fromkeys(BATCH_STAGES, 1), "upsert": 1, "publish": 1, "report": 1}
     run, tasks, artifacts, _ = _read_settled(server["PREFECT_API_URL"], flow_run_id, 1 + sum(expected.values()))
     assert run.state.is_completed(), run.state
     assert [t.name for t in tasks if t.name.startswith("batch-")] == ["batch-0"]
