@@ -72,8 +72,9 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     """Bring the LanceDB store up to date with the configured sources; return the run summary.
 
     config -> crawl -> detect -> plan batches -> per batch on the task runner (extract -> chunk -> refresh ->
-    enrich -> embed -> validate) -> commit in groups -> publish -> tidy the model cache -> report. One writer per index commits the
-    finished batches in order and publishes the run's last version to readers at the end. With index variants,
+    enrich -> embed -> validate) -> commit in groups -> publish -> (tidy the model cache, when due) -> report.
+    One writer per index commits the finished batches in order and publishes the run's last version to readers
+    at the end. With index variants,
     the crawl and each batch's extraction are shared; each variant chunks, enriches, embeds and commits to its
     own tables, and the summary carries each variant's under "variants".
 
@@ -96,11 +97,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
                                  retry_quarantined, allow_deletions) for plan in plans]
         failpoint("detected")
         batches, sizes = plan_run_batches(cfg, plans, detected, clock)
-        if batches:  # a store from before the model cache gets one, seeded with the answers its chunks hold
-            seeded = clock.run("prepare cache", prepare_cache, cfg.store.uri, cfg.store.cache_table,
-                               [p.cfg.store.chunks_table for p in plans])
-            if seeded:
-                get_run_logger().info("model cache created from the %d answers the chunks tables held", seeded)
+        if batches:
+            prepare_model_cache(cfg, plans, clock)
         writers = [Writer(commit_target(plan, d, run), d.documents, commit_rows=cfg.execution.commit_rows,
                           batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=d.known)
                    for plan, d in zip(plans, detected)]
@@ -115,9 +113,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
         clock.seconds = merge_usage(clock.seconds, done.seconds)  # summed: "import gx" may come from both
         results = [writer.finish(ann_min_rows=plan.cfg.query.ann_min_rows)  # the last commit group, then publish
                    for plan, writer in zip(plans, writers)]
-        # After publishing, not beside the index builds (the run's memory peak); a task run only when due, as "index".
-        if batches and clock.run("tidy cache", needs_tidy, cfg.store.uri, cfg.store.cache_table):
-            clock.run("tidy cache", tidy_cache_stage, cfg.store.uri, cfg.store.cache_table)
+        if batches:  # after publishing, not beside the index builds: the run's memory peak is there
+            tidy_model_cache(cfg, clock)
         summaries = []
         for plan, d, writer, totals, loaded in zip(plans, detected, writers, done.indexes, results):
             if d.markers:  # what killed runs left, now committed again
@@ -207,6 +204,21 @@ def plan_run_batches(cfg: InletConfig, plans: list[IndexPlan], detected: list[De
                         sharing)
     write_batch_documents(per_index, [plan.run_dir for plan in plans], batches)
     return batches, batch_bytes(per_index[0], batches)
+
+
+def prepare_model_cache(cfg: InletConfig, plans: list[IndexPlan], clock: Stopwatch) -> None:
+    """Give a store from before the model cache one, seeded with the answers its chunks tables hold."""
+    seeded = clock.run("prepare cache", prepare_cache, cfg.store.uri, cfg.store.cache_table,
+                       [p.cfg.store.chunks_table for p in plans])
+    if seeded:
+        get_run_logger().info("model cache created from the %d answers the chunks tables held", seeded)
+
+
+def tidy_model_cache(cfg: InletConfig, clock: Stopwatch | None = None) -> None:
+    """Merge the model cache's fragments when lookups would scan too many: a task run only when due, as "index"."""
+    clock = clock or Stopwatch()
+    if clock.run("tidy cache", needs_tidy, cfg.store.uri, cfg.store.cache_table):
+        clock.run("tidy cache", tidy_cache_stage, cfg.store.uri, cfg.store.cache_table)
 
 
 def commit_target(plan: IndexPlan, detected: Detected, run: RunStart) -> CommitTarget:
@@ -303,7 +315,7 @@ def run_batches(cfg: InletConfig, batches: list[list[str]], run_dir: str, plans:
             advance(len(batches[n]))
             release_memory()
             if (n + 1) % TIDY_EVERY == 0 and n + 1 < len(batches):  # later batches' lookups stay quick
-                tidy_cache_stage(cfg.store.uri, cfg.store.cache_table)  # a task run only when due, as "index"
+                tidy_model_cache(cfg)
     # Stage seconds are summed over batches: with several workers they add up to more than the wall time.
     totals.seconds = {k: round(v, 3) for k, v in totals.seconds.items()}
     # First batch start to last batch end: the batches' own time, without the runner's start-up.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 
 import pyarrow as pa
@@ -149,6 +150,15 @@ MODEL_CACHE_SCHEMA = pa.schema([
     pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
     pa.field("unused_since", pa.timestamp("us", tz="UTC")),  # set by maintenance while no chunk uses it
 ])
+
+
+def model_cache_rows(kind: str, keys: pa.Array | list[str], fingerprints: pa.Array | list[str], now: datetime,
+                     **columns: pa.Array | list) -> pa.Table:
+    """Model cache rows of one kind: the answer columns given (vector, enrichment, tokens, ...), nulls for the rest."""
+    n = len(keys)
+    given = {"key": keys, "kind": [kind] * n, "fingerprint": fingerprints, "created_at": [now] * n, **columns}
+    return pa.table({f.name: given[f.name] if f.name in given else pa.nulls(n, f.type) for f in MODEL_CACHE_SCHEMA},
+                    schema=MODEL_CACHE_SCHEMA)
 
 
 # LanceDB documents table: one row per source document; content_hash is the commit marker.

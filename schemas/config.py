@@ -426,6 +426,20 @@ class StoreConfig(_Strict):
                                "store to finish; 0 refuses at once (nothing is written, the message names the "
                                "other run).")
 
+    @model_validator(mode="after")
+    def _distinct_tables(self) -> StoreConfig:
+        """Refuse two roles in one table: the model cache appended to the chunks table would wreck both."""
+        names = {"chunks_table": self.chunks_table, "documents_table": self.documents_table,
+                 "runs_table": self.runs_table, "quarantine_table": self.quarantine_table,
+                 "cache_table": self.cache_table}
+        taken: dict[str, str] = {}
+        for key, name in names.items():
+            if name in taken:
+                msg = f"{key} and {taken[name]} both name table '{name}': each table needs a name of its own"
+                raise ValueError(msg)
+            taken[name] = key
+        return self
+
 
 class ExecutionConfig(_Strict):
     """How a run's work is cut into batches and where the batches run."""

@@ -30,16 +30,16 @@ from filelock import FileLock
 from lancedb.index import BTree
 
 from runtime.failpoints import failpoint
-from schemas.arrow import EMBED, ENRICH, MODEL_CACHE_SCHEMA
+from schemas.arrow import EMBED, ENRICH, MODEL_CACHE_SCHEMA, model_cache_rows
 from store.tables import connect, is_remote_store, open_table, select_one_per_key
 
 MODELS_LOCK = ".inlet-models.lock"
 LOCAL_FLUSH_S = 2.0  # a local model's answers reach the cache every this many seconds (a paid one's after each call)
-_SEED_BATCH = 20_000
-# Every append is a fragment, and a lookup scans each: 200 fragments of 1,000 answers took 0.24-0.37 s a
-# lookup, merged into one 0.08 s, with an index on the key 0.04 s (bench/README.md, model cache).
+_SEED_BATCH = 20_000  # chunk rows read at a time when an older store's chunks seed a new cache
+# Every append is a fragment, and a lookup scans each: with 200 fragments of 1,000 answers a batch's lookup took
+# 0.24 s, merged and indexed on the key 0.04 s (bench/cache_lookup.py, bench/README.md).
 MOST_FRAGMENTS = 24  # past this many, tidy_cache merges the small ones
-FRAGMENT_ROWS = 32_768  # ...into fragments of this many rows; fragments this large are left alone  # chunk rows read at a time when an older store's chunks seed a new cache
+FRAGMENT_ROWS = 32_768  # ...into fragments of this many rows; fragments this large are left alone
 
 
 def models_lock_path(store_uri: str) -> Path:
@@ -119,16 +119,9 @@ def _seed_rows(batch: pa.RecordBatch, seen: set[str], now: datetime) -> pa.Table
                 seen.add(k)
                 keep.append(i)
         have = have.take(keep)
-        n = have.num_rows
-        parts.append(pa.table({
-            "key": have[key], "kind": pa.array([kind] * n, pa.string()), "fingerprint": have[fp],
-            "vector": pc.cast(have["vector"], pa.list_(pa.float32())) if kind == EMBED else pa.nulls(
-                n, pa.list_(pa.float32())),
-            "truncated": have["truncated"] if kind == EMBED else pa.nulls(n, pa.bool_()),
-            "enrichment": have["enrichment"] if kind == ENRICH else pa.nulls(n, pa.large_string()),
-            "prompt_tokens": pa.nulls(n, pa.int64()), "output_tokens": pa.nulls(n, pa.int64()),
-            "cost_usd": pa.nulls(n, pa.float64()), "created_at": pa.array([now] * n, pa.timestamp("us", tz="UTC")),
-            "unused_since": pa.nulls(n, pa.timestamp("us", tz="UTC"))}).cast(MODEL_CACHE_SCHEMA))
+        answer = ({"vector": pc.cast(have["vector"], pa.list_(pa.float32())), "truncated": have["truncated"]}
+                  if kind == EMBED else {"enrichment": have["enrichment"]})
+        parts.append(model_cache_rows(kind, have[key], have[fp], now, **answer))  # cost unknown: null
     return pa.concat_tables(parts)
 
 

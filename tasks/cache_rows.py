@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.arrow import EMBED, ENRICH, MODEL_CACHE_SCHEMA
+from schemas.arrow import EMBED, ENRICH, model_cache_rows
 
 
 def vectors_of(rows: pa.Table, dim: int) -> pa.Table:
@@ -22,11 +22,17 @@ def vectors_of(rows: pa.Table, dim: int) -> pa.Table:
                      "vector": vectors})
 
 
+def usable_vectors(vectors: np.ndarray) -> np.ndarray:
+    """Which vectors are fit to keep: finite and not all zeros (what the integrity check calls a bad vector)."""
+    finite = np.isfinite(vectors).all(axis=1)
+    return finite & (np.abs(np.where(np.isfinite(vectors), vectors, 0.0)).sum(axis=1) > 0)
+
+
 def _share(total: int | float, n: int) -> list:
     """A call's usage shared evenly among its n answers (ints stay ints and sum to the total)."""
     if isinstance(total, int):
         return [total // n + (i < total % n) for i in range(n)]
-    return [total / n] * n
+    return [total / n] * n  # n == 0: an empty list
 
 
 def embedding_rows(keys: list[str], fingerprint: str, vectors: np.ndarray, truncated: list[bool],
@@ -35,29 +41,15 @@ def embedding_rows(keys: list[str], fingerprint: str, vectors: np.ndarray, trunc
     n = len(keys)
     flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
     offsets = pa.array(np.arange(n + 1, dtype=np.int32) * (vectors.shape[1] if n else 0))
-    return pa.table({
-        "key": pa.array(keys, pa.string()), "kind": pa.array([EMBED] * n, pa.string()),
-        "fingerprint": pa.array([fingerprint] * n, pa.string()), "vector": pa.ListArray.from_arrays(offsets, flat),
-        "truncated": pa.array(truncated, pa.bool_()), "enrichment": pa.nulls(n, pa.large_string()),
-        "prompt_tokens": pa.array(_share(tokens, n), pa.int64()) if n else pa.array([], pa.int64()),
-        "output_tokens": pa.array([0] * n, pa.int64()),
-        "cost_usd": pa.array(_share(float(cost), n), pa.float64()) if n else pa.array([], pa.float64()),
-        "created_at": pa.array([now] * n, pa.timestamp("us", tz="UTC")),
-        "unused_since": pa.nulls(n, pa.timestamp("us", tz="UTC")),
-    }, schema=MODEL_CACHE_SCHEMA)
+    return model_cache_rows(EMBED, keys, [fingerprint] * n, now, vector=pa.ListArray.from_arrays(offsets, flat),
+                            truncated=truncated, prompt_tokens=_share(tokens, n), output_tokens=[0] * n,
+                            cost_usd=_share(float(cost), n))
 
 
 def enrichment_rows(keys: list[str], fingerprint: str, texts: list[str], prompt_tokens: int, output_tokens: int,
                     cost: float, now: datetime) -> pa.Table:
     """Cache rows of one enrichment call's answers, with the call's tokens and cost shared among them."""
     n = len(keys)
-    return pa.table({
-        "key": pa.array(keys, pa.string()), "kind": pa.array([ENRICH] * n, pa.string()),
-        "fingerprint": pa.array([fingerprint] * n, pa.string()), "vector": pa.nulls(n, pa.list_(pa.float32())),
-        "truncated": pa.nulls(n, pa.bool_()), "enrichment": pa.array(texts, pa.large_string()),
-        "prompt_tokens": pa.array(_share(prompt_tokens, n) if n else [], pa.int64()),
-        "output_tokens": pa.array(_share(output_tokens, n) if n else [], pa.int64()),
-        "cost_usd": pa.array(_share(float(cost), n) if n else [], pa.float64()),
-        "created_at": pa.array([now] * n, pa.timestamp("us", tz="UTC")),
-        "unused_since": pa.nulls(n, pa.timestamp("us", tz="UTC")),
-    }, schema=MODEL_CACHE_SCHEMA)
+    return model_cache_rows(ENRICH, keys, [fingerprint] * n, now, enrichment=texts,
+                            prompt_tokens=_share(prompt_tokens, n), output_tokens=_share(output_tokens, n),
+                            cost_usd=_share(float(cost), n))

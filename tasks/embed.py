@@ -39,7 +39,7 @@ from schemas.arrow import (
 from schemas.config import EmbeddingConfig, EnrichmentConfig, PricingConfig
 from schemas.errors import DocumentFailure
 from store.model_cache import LOCAL_FLUSH_S, CacheWriter, cached_rows
-from tasks.cache_rows import embedding_rows, vectors_of
+from tasks.cache_rows import embedding_rows, usable_vectors, vectors_of
 
 
 def embedding_input(text: str, enrichment: str | None, delimiter: str) -> str:
@@ -182,8 +182,12 @@ def cache_keeper(embedder: Embedder, put: Callable[[pa.Table], None], text_of: d
         tokens, batch = getattr(embedder, "tokens", 0), getattr(embedder, "batch_tokens", 0)
         spent, spent_batch = tokens - last[0], batch - last[1]
         last[:] = [tokens, batch]
-        put(embedding_rows(keys, embedder.fingerprint, vectors, embedder.truncated([text_of[k] for k in keys]),
-                           spent, embed_cost(pricing, cfg.model, spent, spent_batch), datetime.now(UTC)))
+        good = usable_vectors(vectors)  # a malformed vector is not kept: validation quarantines its chunk, and the
+        keys = [k for k, ok in zip(keys, good) if ok]  # next run asks the model again
+        if keys:
+            cut = embedder.truncated([text_of[k] for k in keys])
+            put(embedding_rows(keys, embedder.fingerprint, vectors[good], cut, spent,
+                               embed_cost(pricing, cfg.model, spent, spent_batch), datetime.now(UTC)))
 
     return keep
 
@@ -244,9 +248,9 @@ def embed_work(enriched: pa.Table, extracted: pa.Table | None, spec: EmbedderSpe
     return EmbedWork(enriched, inputs, titles, keys, failures)
 
 
-def embed_batch(work: EmbedWork, embedder: Embedder, cached: pa.Table, saved_usd: float, cfg: EmbeddingConfig,
-                pricing: PricingConfig, ledger: JobLedger, put: Callable[[pa.Table], None]
-                ) -> tuple[pa.Table, list[DocumentFailure], dict[str, float]]:
+def run_embedding(work: EmbedWork, embedder: Embedder, cached: pa.Table, saved_usd: float,
+                  cfg: EmbeddingConfig, pricing: PricingConfig, ledger: JobLedger, put: Callable[[pa.Table], None]
+                  ) -> tuple[pa.Table, list[DocumentFailure], dict[str, float]]:
     """Embed a batch: cached (embed_key, truncated, vector) rows reused, the rest embedded and put in the cache.
 
     saved_usd: what the calls that made the cached vectors cost. Returns the embedded chunks, the documents
@@ -284,8 +288,9 @@ def embed_stage(enriched_path: str, extracted_path: str, cfg: EmbeddingConfig, e
     embedder = _ModelClock(make_embedder(cfg))
     paid = getattr(embedder.inner, "calls", None) is not None
     writer = CacheWriter(store_uri, cache_table, EMBED, flush_s=0.0 if paid else LOCAL_FLUSH_S)
-    embedded, failures, usage = embed_batch(work, embedder, cached, float(pc.sum(found["cost_usd"]).as_py() or 0.0),
-                                            cfg, pricing, JobLedger(Path(jobs_dir)), writer.add)
+    saved = float(pc.sum(found["cost_usd"]).as_py() or 0.0)  # per distinct text: a call is made once a text
+    embedded, failures, usage = run_embedding(work, embedder, cached, saved, cfg, pricing, JobLedger(Path(jobs_dir)),
+                                              writer.add)
     writer.flush()
     made = sum(embedded["embedded_now"].to_pylist())
     get_run_logger().info("embedded %d of %d chunks (%d reused, %d truncated by the model)", made,

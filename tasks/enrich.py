@@ -241,9 +241,9 @@ def enrich_work(chunks: pa.Table, extracted: pa.Table | None, enricher: Enricher
     return EnrichWork(chunks, items, documents, keys, failures)
 
 
-def enrich_batch(work: EnrichWork, enricher: Enricher | None, found: pa.Table, cfg: EnrichmentConfig,
-                 pricing: PricingConfig, ledger: JobLedger, put: Callable[[pa.Table], None]
-                 ) -> tuple[pa.Table, list[DocumentFailure], dict[str, float]]:
+def run_enrichment(work: EnrichWork, enricher: Enricher | None, found: pa.Table, cfg: EnrichmentConfig,
+                   pricing: PricingConfig, ledger: JobLedger, put: Callable[[pa.Table], None]
+                   ) -> tuple[pa.Table, list[DocumentFailure], dict[str, float]]:
     """Enrich a batch: found (key, enrichment, cost_usd: the model cache's rows) reused, the rest asked and put.
 
     Returns the enriched chunks, the documents that failed (input or answer) and the model usage.
@@ -275,8 +275,8 @@ def enrich_stage(chunks_path: str, extracted_path: str, cfg: EnrichmentConfig, p
     found = cached_rows(store_uri, cache_table, work.keys, ["key", "enrichment", "cost_usd"])
     paid = getattr(enricher, "usage", None) is not None
     writer = CacheWriter(store_uri, cache_table, ENRICH, flush_s=0.0 if paid else LOCAL_FLUSH_S)
-    enriched, failures, usage = enrich_batch(work, enricher, found, cfg, pricing, JobLedger(Path(jobs_dir)),
-                                             writer.add)
+    enriched, failures, usage = run_enrichment(work, enricher, found, cfg, pricing, JobLedger(Path(jobs_dir)),
+                                               writer.add)
     writer.flush()
     made, failed = sum(enriched["enriched_now"].to_pylist()), failed_enrichments(enriched)
     if enricher is None:  # not "N reused": nothing was looked up

@@ -80,6 +80,7 @@ def test_duplicate_source_names_are_rejected(tmp_path):
     ("sources: [{name: b, kind: bundle}]", r"sources\.0: .*a bundle source needs `path`"),
     ("sources: [{name: f, path: ., uri: 's3://b/p'}]", r"sources\.0: .*`path` or `uri`, not both"),
     ("sources: [{name: f, uri: bucket/prefix}]", r"sources\.0: .*'bucket/prefix' is not a URI"),
+    ("store: {cache_table: chunks}", r"store: .*cache_table and chunks_table both name table 'chunks'"),
 ])
 def test_settings_that_cannot_work_are_refused_naming_the_file_and_key(tmp_path, section, error):
     # Source cases bring their own sources section; the others get a readable one.

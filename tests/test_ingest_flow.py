@@ -340,3 +340,20 @@ def test_every_stage_is_a_task_run_in_every_run_even_with_nothing_to_do(corpus, 
     assert f"enriched 0 of {len(chunks)} chunks" not in caplog.text
 
 
+
+
+def test_a_run_whose_model_cache_has_too_many_fragments_tidies_it_as_a_task_run(corpus, write_config, task_names,
+                                                                               monkeypatch):
+    import store.model_cache
+
+    monkeypatch.setattr(store.model_cache, "MOST_FRAGMENTS", 2)  # our own threshold, small enough for five files
+    config = write_config(corpus, execution={"batch_docs": 1})  # five batches: ten appends (enrich and embed)
+    ingest(config_path=str(config))
+    assert task_names.count("tidy model cache") == 1 and task_names.index("tidy model cache") > task_names.index(
+        "publish"), "once, after publishing"
+    store_cfg = load_config(config).store
+    cache = lancedb.connect(store_cfg.uri).open_table(store_cfg.cache_table)
+    assert cache.stats()["fragment_stats"]["num_fragments"] == 1
+    assert [i.columns for i in cache.list_indices()] == [["key"]]
+    task_names.clear()
+    assert ingest(config_path=str(config))["docs_unchanged"] == 5 and "tidy model cache" not in task_names

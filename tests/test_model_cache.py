@@ -161,3 +161,22 @@ def test_tidying_merges_the_appends_small_fragments_and_indexes_the_keys_without
     assert sorted(zip(found["key"].to_pylist(), found["vector"].to_pylist())) == sorted(
         (k, [float(n)] * 3) for n, k in enumerate(keys))
     assert tidy_cache(store, "model_cache") is None, "nothing to do twice"
+
+
+def test_a_malformed_vector_is_not_kept_and_the_calls_cost_goes_to_the_good_answers():
+    from schemas.config import EmbeddingConfig, PricingConfig
+    from tasks.embed import cache_keeper
+
+    class Embedder:
+        fingerprint = "e"
+
+        def truncated(self, texts: list[str]) -> list[bool]:
+            return [False] * len(texts)
+
+    kept: list[pa.Table] = []
+    keep = cache_keeper(Embedder(), kept.append, {"good": "a", "nan": "b", "zero": "c"}, EmbeddingConfig(),
+                        PricingConfig())
+    keep(["good", "nan", "zero"], np.array([[1, 0], [np.nan, 1], [0, 0]], np.float32))
+    assert [t["key"].to_pylist() for t in kept] == [["good"]], "non-finite and all-zero vectors are asked again"
+    keep(["nan"], np.array([[np.inf, 0]], np.float32))
+    assert len(kept) == 1, "a call with no usable answer writes nothing"
