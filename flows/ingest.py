@@ -226,7 +226,7 @@ def commit_target(plan: IndexPlan, detected: Detected, run: RunStart) -> CommitT
     store = plan.cfg.store
     return CommitTarget(store.uri, store.chunks_table, store.documents_table, store.quarantine_table,
                         embedder_spec(plan.cfg.embedding).dim, detected.settings_fp, run.run_id, run.started,
-                        _inflight_dir(plan.cfg))
+                        _inflight_dir(plan.cfg), plan.cfg.query.fulltext_language)
 
 
 def report_info(plan: IndexPlan, run: RunStart) -> RunInfo:

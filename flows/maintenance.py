@@ -102,13 +102,13 @@ def _maintain(store: str, pairs: list[tuple[str, str, int]], cfg: InletConfig, r
     # Readers stay on the published version; where it is the latest, it follows the index refresh and repairs.
     current = published_at_latest(store, [chunks for chunks, _, _ in pairs])
     indexes = index_stage(store, [chunks for chunks, _, _ in pairs], cfg.query.fulltext_index,
-                          cfg.query.ann_min_rows)
+                          cfg.query.ann_min_rows, cfg.query.fulltext_language)
     findings = integrity_stage(store, pairs, cfg.store.cache_table, *_fingerprints(cfg))
     repaired = None
     if repair and findings.num_rows:
         repaired = repair_stage(store, findings, pairs)
         indexes = index_stage(store, [chunks for chunks, _, _ in pairs], cfg.query.fulltext_index,
-                              cfg.query.ann_min_rows)
+                              cfg.query.ann_min_rows, cfg.query.fulltext_language)
     republish(store, current)
     create_markdown_artifact(key="maintenance-findings", markdown=findings_markdown(tables, findings, repaired, cache),
                              description="Inlet maintenance: compaction, pruning, integrity")

@@ -48,7 +48,8 @@ class Writer:
         if not self._committed and self._batches - self._received == 1:
             self._commit(last=False)
             if self._fulltext:
-                self.clock.run("index", fulltext_stage, self.target.store_uri, self.target.chunks_table)
+                self.clock.run("index", fulltext_stage, self.target.store_uri, self.target.chunks_table,
+                               self.target.fulltext_language)
 
     def _group_size(self) -> int:
         """The number of pending batches in the next group: the fewest that hold commit_rows rows."""
@@ -81,7 +82,8 @@ class Writer:
         self._commit(last=True)
         target = self.target
         published = self.clock.run("publish", publish_stage, target.store_uri, target.chunks_table, target.run_id,
-                                   fulltext_index=self._fulltext, ann_min_rows=ann_min_rows)
+                                   fulltext_index=self._fulltext, ann_min_rows=ann_min_rows,
+                                   fulltext_language=target.fulltext_language)
         self.result.indexes = published.indexes
         if published.version is not None:
             self.result.versions[target.chunks_table] = published.version

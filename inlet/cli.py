@@ -234,30 +234,63 @@ def _weights(text: str) -> tuple[float, float]:
 
 @app.command(name="eval")
 def eval_(
-    dataset: Annotated[Path, typer.Argument(help="A BEIR folder (corpus.jsonl, queries.jsonl, qrels/test.tsv) "
-                                                 "or a CSV with columns question and gold.")],
+    dataset: Annotated[Path | None, typer.Argument(help="A BEIR folder (corpus.jsonl, queries.jsonl, "
+                                                        "qrels/test.tsv), a folder of them (each is evaluated), "
+                                                        "or a CSV with columns question and gold.")] = None,
     config: ConfigOpt = DEFAULT_CONFIG,
     workdir: Annotated[Path | None, typer.Option(help="Where the eval stores live (default: beside the runs).")] = None,
     sweep: Annotated[list[str] | None, typer.Option(help="Hybrid weights to try, VECTOR:FULLTEXT (repeatable).")] = None,
+    max_queries: Annotated[int | None, typer.Option(help="Ask at most this many queries per set (a seeded sample).",
+                                                    min=1)] = None,
+    calibrate: Annotated[Path | None, typer.Option(help="Fit the hybrid fusion to this questions CSV (question, "
+                                                        "gold) over the config's sources; prints the YAML.")] = None,
 ) -> None:
-    """Measure recall@10, MRR@10 and nDCG@10 of every search mode on a judged dataset."""
+    """Measure nDCG@10, recall@10 and MRR@10 of vector, full-text and the default mode, with 95% intervals."""
     from rich.table import Table
 
     from flows.eval import evaluate
 
+    if calibrate is not None:
+        _calibrate(calibrate, config, workdir)
+        return
+    if dataset is None:
+        _fail(ValueError("give a data set to evaluate, or --calibrate QUESTIONS.csv"))
     try:
         weights = [_weights(w) for w in sweep or []]
         report = evaluate(dataset=str(dataset), config_path=str(config), workdir=str(workdir) if workdir else None,
-                          sweep=weights or None)
+                          sweep=weights or None, max_queries=max_queries)
     except (InletError, ValueError) as exc:
         _fail(exc)
-    table = Table("variant", "mode", "weights", "recall@10", "MRR@10", "nDCG@10", title=f"{report['dataset']}, "
-                  f"{report['queries']} queries")
+    table = Table("set", "variant", "mode", "nDCG@10 (95% interval)", "recall@10", "MRR@10", "queries",
+                  title=f"{report['dataset']}: {report['queries']} queries")
     for r in report["results"]:
-        table.add_row(r["variant"], r["mode"], str(r["weights"] or ""), f"{r['recall@10']:.3f}",
-                      f"{r['mrr@10']:.3f}", f"{r['ndcg@10']:.3f}")
+        mode = r["mode"] + (f" {r['weights']}" if r.get("weights") else "")
+        table.add_row(r["set"], r["variant"], mode, f"{r['ndcg@10']:.3f} ({r['ndcg@10_lo']:.3f}-{r['ndcg@10_hi']:.3f})",
+                      f"{r['recall@10']:.3f}", f"{r['mrr@10']:.3f}", str(r["queries"]))
     _console().print(table)
+    for c in report["checks"]:
+        verdict = "ok" if c["not_worse"] else "WORSE"
+        typer.echo(f"{c['set']} ({c['variant']}): default - {c['better_side']} = {c['default_minus_better']:+.3f} "
+                   f"({c['diff_lo']:+.3f} to {c['diff_hi']:+.3f}) {verdict}")
     typer.echo(f"written to {report['path']}")
+
+
+def _calibrate(questions: Path, config: Path, workdir: Path | None) -> None:
+    """Run the calibration flow and print its before/after figures and the YAML to paste."""
+    from flows.eval import calibrate
+
+    try:
+        report = calibrate(questions=str(questions), config_path=str(config),
+                           workdir=str(workdir) if workdir else None)
+    except (InletError, ValueError) as exc:
+        _fail(exc)
+    for name in ("before", "after", "gain"):
+        mean, lo, hi = report[name]
+        typer.echo(f"{name:6s} nDCG@10 {mean:+.3f} ({lo:+.3f} to {hi:+.3f})" if name == "gain" else
+                   f"{name:6s} nDCG@10 {mean:.3f} ({lo:.3f}-{hi:.3f})")
+    typer.echo(f"{report['questions']} questions, {report['folds']}-fold: 'after' is out of sample. "
+               f"Paste into {config}:\n")
+    typer.echo(report["yaml"])
 
 
 @app.command()

@@ -15,6 +15,7 @@ import lancedb
 
 from providers.embedders import Embedder, query_embedder
 from providers.keys import use_secret_block
+from query.fusion import fuse_sides, ranked
 from schemas.arrow import PUBLISHED_TAG
 from schemas.config import ACCESS_LEVELS, InletConfig, QueryConfig, load_config
 from schemas.errors import EmbedderMismatchError, QueryError, StoreError
@@ -266,20 +267,6 @@ def _result(row: dict, score: float) -> SearchResult:
     return SearchResult(row["text"], round(score, 6), citation, row["doc_id"], row["chunk_id"], meta)
 
 
-def fuse(rankings: list[tuple[float, list[str]]], rrf_k: int) -> dict[str, float]:
-    """Weighted reciprocal rank fusion: each id scores the sum of weight / (rrf_k + rank) over the rankings.
-
-    A ranking weighted 0 contributes no candidates at all, so fusion can reduce to one side exactly.
-    """
-    scores: dict[str, float] = {}
-    for weight, ids in rankings:
-        if weight <= 0:
-            continue
-        for rank, chunk_id in enumerate(ids, 1):
-            scores[chunk_id] = scores.get(chunk_id, 0.0) + weight / (rrf_k + rank)
-    return scores
-
-
 def _vector_rows(table: lancedb.table.Table, vector: list[float], clause: str, limit: int,
                  qcfg: QueryConfig, columns: list[str] = _SELECT) -> list[dict]:
     query = (table.search(vector, vector_column_name="vector").distance_type("cosine").nprobes(qcfg.nprobes)
@@ -376,11 +363,51 @@ def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: i
     weight = qcfg.vector_weight * share
     dense = dense if weight > 0 else []
     row_ids = {r["chunk_id"]: r["_rowid"] for r in [*sparse, *dense]}
-    scores = fuse([(weight, [r["chunk_id"] for r in dense]),
-                   (qcfg.fulltext_weight, [r["chunk_id"] for r in sparse])], qcfg.rrf_k)
-    best = sorted(scores, key=lambda c: (-scores[c], c))[:k]
+    scores = fuse_sides([(r["chunk_id"], 1.0 - float(r["_distance"])) for r in dense],
+                        [(r["chunk_id"], float(r["_score"])) for r in sparse], method=qcfg.fusion,
+                        vector_weight=weight, fulltext_weight=qcfg.fulltext_weight, rrf_k=qcfg.rrf_k)
+    best = ranked(scores, k)
     rows = _fetch(table, [row_ids[c] for c in best])
     return [_result(rows[row_ids[c]], scores[c]) for c in best], [why] if why else []
+
+
+def modified_times(cfg: InletConfig) -> dict[str, float]:
+    """Each document's modification time (epoch seconds) from the documents table, read once per table version."""
+    db = store_connection(cfg)
+    try:
+        table = db.open_table(cfg.store.documents_table)
+    except (FileNotFoundError, ValueError):
+        return {}
+
+    def read(t: lancedb.table.Table) -> dict[str, float]:
+        rows = t.search().select(["doc_id", "mtime_ns"]).limit(None).to_arrow()
+        # 0: the source gave no time (a web page without Last-Modified): its age is unknown.
+        return {d: m / 1e9 for d, m in zip(rows["doc_id"].to_pylist(), rows["mtime_ns"].to_pylist(), strict=True)
+                if m and m > 0}
+
+    return _version_fact(table, str(cfg.store.uri), table.version, "mtimes", read)
+
+
+def freshness_factor(age_days: float | None, half_life_days: float) -> float:
+    """1 + 0.5 ** (age / half-life): 2 for a document modified now, 1 (no boost) for an unknown age."""
+    if age_days is None:
+        return 1.0
+    return 1.0 + 0.5 ** (max(age_days, 0.0) / half_life_days)
+
+
+def by_freshness(hits: list[SearchResult], modified: dict[str, float], half_life_days: float, now: float,
+                 k: int) -> list[SearchResult]:
+    """Re-rank hits by score x freshness factor and keep the k best; the score reported is the boosted one."""
+    def boosted(hit: SearchResult) -> float:
+        when = modified.get(hit.doc_id)
+        factor = freshness_factor(None if when is None else (now - when) / 86400, half_life_days)
+        # A negative score (a cosine below 0) is divided, not multiplied, so the boost still lifts it.
+        return hit.score * factor if hit.score >= 0 else hit.score / factor
+
+    scored = [(boosted(h), h) for h in hits]
+    scored.sort(key=lambda pair: (-pair[0], pair[1].chunk_id))
+    return [SearchResult(h.text, round(score, 6), h.citation, h.doc_id, h.chunk_id, h.metadata)
+            for score, h in scored[:k]]
 
 
 def _with_neighbors(table: lancedb.table.Table, hits: list[SearchResult], n: int) -> list[SearchResult]:
@@ -411,7 +438,7 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
     """Return the k best chunks for text that the caller's clearance may see.
 
     mode: vector (the table's own embedder, query task type), fulltext (BM25 over the native
-    full-text index) or hybrid (both, fused by weighted reciprocal rank; weights in config.query).
+    full-text index) or hybrid (both, fused as config.query.fusion says: query/fusion.py).
     where: metadata filters ({field: value or [values]} or SQL); with fallback=True an empty
     filtered result is retried without the filters (never without the clearance) and a notice
     says so. clearance: public < internal < restricted < confidential; rows above it are never
@@ -449,10 +476,15 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
         # Only vector and hybrid searches pay for a query embedding, and only once with a fallback.
         embed = functools.cache(lambda: chosen.embed([text])[0])
         languages = getattr(chosen, "languages", None)
-        hits, notices = _ranked(table, text, mode, clause, k, cfg.query, embed, languages)
+        half_life = cfg.query.freshness_half_life_days
+        # With freshness on, more candidates are ranked, so that a recent document just below the k best can rise.
+        depth = k * cfg.query.candidates if half_life else k
+        hits, notices = _ranked(table, text, mode, clause, depth, cfg.query, embed, languages)
         if not hits and filters and fallback:
-            hits, more = _ranked(table, text, mode, guard, k, cfg.query, embed, languages)
+            hits, more = _ranked(table, text, mode, guard, depth, cfg.query, embed, languages)
             notices += [f"nothing matched the filters ({filters}); these results ignore them", *more]
+        if half_life:
+            hits = by_freshness(hits, modified_times(cfg), half_life, datetime.now(UTC).timestamp(), k)
         return SearchResults(_with_neighbors(table, hits, neighbors), notices)
 
     return _in_one_version(cfg, table, version, pinned, run)

@@ -281,8 +281,9 @@ class EnrichmentConfig(_Strict):
 class EmbeddingConfig(_Strict):
     """Which embedder turns embedding inputs into vectors."""
 
-    kind: Literal["minilm", "static", "hashing", "gemini"] = Field(
-        "minilm", description="minilm: local all-MiniLM-L6-v2; static: a model2vec model distilled from it on "
+    kind: Literal["minilm", "e5", "static", "hashing", "gemini"] = Field(
+        "minilm", description="minilm: local all-MiniLM-L6-v2 (English); e5: local multilingual-e5-small, 4-bit "
+        "(~100 languages, ~4x slower to index); static: a model2vec model distilled from MiniLM on "
         "first use (256 dims, ~100x faster, some quality lost); hashing: deterministic feature hashing (tests, "
         "benchmarks); gemini: Gemini embeddings (needs GEMINI_API_KEY or GOOGLE_API_KEY, else MiniLM is used).",
     )
@@ -302,6 +303,9 @@ class EmbeddingConfig(_Strict):
     def _minilm_is_384(cls, value: int | None, info) -> int | None:
         if info.data.get("kind", "minilm") == "minilm" and value not in (None, 384):
             msg = "all-MiniLM-L6-v2 vectors have 384 dimensions; leave dim out"
+            raise ValueError(msg)
+        if info.data.get("kind") == "e5" and value not in (None, 384):
+            msg = "multilingual-e5-small vectors have 384 dimensions; leave dim out"
             raise ValueError(msg)
         if info.data.get("kind") == "static" and value not in (None, 256):
             msg = "the static model's vectors have 256 dimensions; leave dim out"
@@ -334,17 +338,35 @@ class PricingConfig(_Strict):
     batch_discount: float = Field(0.5, gt=0, le=1, description="Share of the list price paid in Batch Mode.")
 
 
+# LanceDB's stemmers and stop-word lists, by the ISO 639-1 code a document's language is kept as.
+FTS_LANGUAGES: dict[str, str] = {"ar": "Arabic", "da": "Danish", "nl": "Dutch", "en": "English", "fi": "Finnish", "fr": "French",
+                 "de": "German", "el": "Greek", "hu": "Hungarian", "it": "Italian", "no": "Norwegian",
+                 "nb": "Norwegian", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "es": "Spanish",
+                 "sv": "Swedish", "ta": "Tamil", "tr": "Turkish"}
+
 class QueryConfig(_Strict):
     """How search ranks and fuses; indexes kept by the ingest flow."""
 
     mode: Literal["vector", "fulltext", "hybrid"] = Field(
-        "hybrid", description="Default search mode. Hybrid, because on Cranfield it beats both of its parts "
-        "(nDCG@10 0.410 vs vector 0.382, full-text 0.369) for about twice a vector query's time.")
+        "hybrid", description="Default search mode. Hybrid, fused as query.fusion says: measured against both "
+        "of its parts on every set in ../shared/corpora/eval (bench/README.md).")
+    fusion: Literal["zscore", "rrf"] = Field(
+        "zscore", description="How hybrid mode fuses its sides: zscore (standardised scores, weighted: a side "
+        "that cannot tell its candidates apart barely counts) or rrf (reciprocal rank fusion). query/fusion.py.")
     vector_weight: float = Field(1.0, ge=0, description="Weight of the vector ranking in hybrid fusion.")
     fulltext_weight: float = Field(1.0, ge=0, description="Weight of the full-text (BM25) ranking in hybrid fusion.")
     rrf_k: int = Field(60, ge=1, description="Reciprocal rank fusion constant: score = weight / (rrf_k + rank).")
     candidates: int = Field(4, ge=1, le=100, description="Each side of a hybrid search fetches candidates x k rows.")
     fulltext_index: bool = Field(True, description="Create and keep current a full-text index on chunk text.")
+    fulltext_language: str = Field(
+        "auto", description="Stemming and stop words of the full-text index: auto (the chunks' most common "
+        "language, decided when the index is built and checked again by maintenance), none, or a language code "
+        "LanceDB stems (ar da nl en fi fr de el hu it no pt ro ru es sv ta tr). Words are split by ICU in every "
+        "case, so Chinese, Japanese and Thai are searchable.")
+    freshness_half_life_days: float | None = Field(
+        None, gt=0, description="Boost recently modified documents in every mode: a hit's score is multiplied by "
+        "1 + 0.5 ** (age in days / this), so a document modified now counts double and one this many days old "
+        "1.5 times; documents of unknown age are not boosted. None (default): off.")
     ann_min_rows: int = Field(100_000, ge=256, description="Build the ANN vector index once the chunks table has "
                               "this many rows; below it, exact search is fast enough.")
     nprobes: int = Field(12, ge=1, description="ANN index partitions searched per query (of rows / 4096): at 1M "
@@ -353,6 +375,14 @@ class QueryConfig(_Strict):
                     "bench/query.py, 0.86 at the library default.")
     refine_factor: int = Field(2, ge=1, description="Re-rank refine_factor x k ANN candidates by their full vectors "
                                "(1: no re-ranking): the index's 8-bit vectors alone cap recall@10 near 0.95 at 1M.")
+
+    @field_validator("fulltext_language")
+    @classmethod
+    def _stemmed_language(cls, value: str) -> str:
+        if value not in ("auto", "none", *FTS_LANGUAGES):
+            msg = f"'{value}' is not auto, none or a language LanceDB stems ({' '.join(sorted(FTS_LANGUAGES))})"
+            raise ValueError(msg)
+        return value
 
     @model_validator(mode="after")
     def _fulltext_modes_need_the_index(self) -> QueryConfig:

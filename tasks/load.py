@@ -62,7 +62,8 @@ class Published:
 
 
 @task(name="publish", cache_policy=NO_CACHE)
-def publish_stage(store_uri: str, chunks_table: str, run_id: str, *, fulltext_index: bool, ann_min_rows: int) -> Published:
+def publish_stage(store_uri: str, chunks_table: str, run_id: str, *, fulltext_index: bool, ann_min_rows: int,
+                  fulltext_language: str = "auto") -> Published:
     """Bring the chunks table's indexes up to date, then tag the version and publish it to readers.
 
     A version readers already see (a run that changed nothing) is only tagged with the run id.
@@ -70,12 +71,12 @@ def publish_stage(store_uri: str, chunks_table: str, run_id: str, *, fulltext_in
     table = open_table(connect(store_uri), chunks_table)
     if table is None:
         return Published({}, None)
-    if published_current(table, fulltext=fulltext_index):
+    if published_current(table, fulltext=fulltext_index, language=fulltext_language):
         tag_version(table, run_id)
         get_run_logger().info("nothing new to publish: version %d tagged %s", table.version, run_id)
         return Published(index_coverage(table), table.version)
     # Before the tag, so that the run's tagged version carries current indexes.
-    indexes = refresh_indexes(table, fulltext=fulltext_index, ann_min_rows=ann_min_rows)
+    indexes = refresh_indexes(table, fulltext=fulltext_index, ann_min_rows=ann_min_rows, language=fulltext_language)
     failpoint("indexed")
     publish(table, run_id)
     failpoint("published")
@@ -83,11 +84,11 @@ def publish_stage(store_uri: str, chunks_table: str, run_id: str, *, fulltext_in
 
 
 @task(name="index", cache_policy=NO_CACHE)
-def fulltext_stage(store_uri: str, chunks_table: str) -> dict[str, dict[str, int]]:
+def fulltext_stage(store_uri: str, chunks_table: str, fulltext_language: str = "auto") -> dict[str, dict[str, int]]:
     """Build the chunks table's full-text index over what is committed so far, if it has none; return coverage."""
     table = open_table(connect(store_uri), chunks_table)
     if table is not None and index_state(table, "text")[0] is None:
-        create_fulltext_index(table)
+        create_fulltext_index(table, fulltext_language)
     return {} if table is None else index_coverage(table)
 
 

@@ -166,10 +166,14 @@ def compact_stage(store_uri: str, retention_days: float, now: datetime) -> dict[
 
 
 @task(name="refresh indexes", cache_policy=NO_CACHE)
-def index_stage(store_uri: str, chunks_tables: list[str], fulltext: bool, ann_min_rows: int) -> dict[str, dict]:
-    """Create missing indexes, fold unindexed rows in and merge the runs' delta segments, for each chunks table."""
+def index_stage(store_uri: str, chunks_tables: list[str], fulltext: bool, ann_min_rows: int,
+                language: str = "auto") -> dict[str, dict]:
+    """Create missing indexes, fold unindexed rows in and merge the runs' delta segments, for each chunks table.
+
+    The full-text index is rebuilt if the table's most common language is no longer the one it stems for.
+    """
     db = connect(store_uri)
-    return {name: refresh_indexes(table, fulltext=fulltext, ann_min_rows=ann_min_rows, merge=True)
+    return {name: refresh_indexes(table, fulltext=fulltext, ann_min_rows=ann_min_rows, merge=True, language=language)
             for name in chunks_tables if (table := open_table(db, name)) is not None}
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from flows.eval import evaluate, load_dataset
@@ -34,24 +36,80 @@ def beir(tmp_path: Path) -> Path:
     return folder
 
 
+def _rows(report: dict, **match: object) -> dict:
+    return {(r["mode"], tuple(r.get("weights") or ())): r for r in report["results"]
+            if all(r[k] == v for k, v in match.items())}
+
+
 def test_eval_metrics_match_a_hand_computation(beir, tmp_path, write_config):
     config = write_config(tmp_path)  # embedding: hashing; sources are replaced by the dataset's corpus
     report = evaluate(dataset=str(beir), config_path=str(config), workdir=str(tmp_path / "work"),
                       modes=("fulltext", "hybrid"), sweep=[(0.0, 1.0)],
                       variants={"default": {}, "fixed": {"chunking": {"strategy": "fixed"}}})
     assert {r["variant"] for r in report["results"]} == {"default", "fixed"}
-    rows = {(r["mode"], tuple(r["weights"] or ())): r for r in report["results"] if r["variant"] == "default"}
+    rows = _rows(report, variant="default")
     fulltext = rows[("fulltext", ())]
     # BM25 ranks the only document holding the query's words first: q1 -> d1 (grade 2; d4 is also
     # relevant but shares no word), q2 -> d2, q3 -> nothing ("zeppelin" is in no document).
     ndcg_q1 = (2 / math.log2(2)) / (2 / math.log2(2) + 1 / math.log2(3))
     assert fulltext["queries"] == 3
-    assert fulltext["ndcg@10"] == pytest.approx((ndcg_q1 + 1.0 + 0.0) / 3)
-    assert fulltext["mrr@10"] == pytest.approx((1 + 1 + 0) / 3)
-    assert fulltext["recall@10"] == pytest.approx((0.5 + 1 + 0) / 3)
+    assert fulltext["ndcg@10"] == pytest.approx((ndcg_q1 + 1.0 + 0.0) / 3, abs=1e-4)
+    assert fulltext["mrr@10"] == pytest.approx((1 + 1 + 0) / 3, abs=1e-4)
+    assert fulltext["recall@10"] == pytest.approx((0.5 + 1 + 0) / 3, abs=1e-4)
+    assert fulltext["ndcg@10_lo"] <= fulltext["ndcg@10"] <= fulltext["ndcg@10_hi"]
     assert rows[("hybrid", (0.0, 1.0))]["ndcg@10"] == pytest.approx(fulltext["ndcg@10"]), \
         "hybrid with the vector side weighted 0 is full-text search"
+    assert ("default", ()) in rows and {c["variant"] for c in report["checks"]} == {"default", "fixed"}
     assert Path(report["path"]).is_file() and report["best_hybrid"]["default"]["mode"] == "hybrid"
+
+
+def test_a_folder_of_sets_is_evaluated_set_by_set_and_overall(beir, tmp_path, write_config):
+    sets = tmp_path / "sets"
+    sets.mkdir()
+    shutil.copytree(beir, sets / "birds")
+    shutil.copytree(beir, sets / "more" / "birds-again")
+    report = evaluate(dataset=str(sets), config_path=str(write_config(tmp_path)), workdir=str(tmp_path / "work"),
+                      max_queries=2)
+    assert report["sets"] == ["birds", "more/birds-again"]
+    for name in report["sets"]:
+        assert _rows(report, set=name)[("default", ())]["queries"] == 2, "a seeded sample of two queries"
+    overall = _rows(report, set="overall")
+    one = _rows(report, set="birds")
+    for mode in ("vector", "fulltext", "default"):
+        assert overall[(mode, ())]["ndcg@10"] == pytest.approx(one[(mode, ())]["ndcg@10"], abs=1e-4), \
+            "two copies of one set average to that set"
+        assert overall[(mode, ())]["queries"] == 4
+
+
+def test_the_default_row_is_what_query_search_returns(beir, tmp_path, write_config):
+    from flows.eval import load_beir, per_query, run_queries
+    from query import search
+
+    config = write_config(tmp_path)
+    report = evaluate(dataset=str(beir), config_path=str(config), workdir=str(tmp_path / "work"))
+    cfg_path = str(tmp_path / "work" / "inlet.yaml")
+    data = load_beir(beir)
+    runs = run_queries.fn(cfg_path, data, sorted(data.queries), 30, None)
+    for qid, run in runs.items():
+        assert run.default == [h.chunk_id for h in search(data.queries[qid], k=30, clearance="confidential",
+                                                          config=cfg_path)]
+    hybrid = per_query(runs, data, "hybrid", 30, fusion={"method": "zscore", "vector_weight": 1.0,
+                                                          "fulltext_weight": 1.0, "rrf_k": 60})
+    default = _rows(report, set="birds")[("default", ())]
+    assert default["ndcg@10"] == pytest.approx(float(hybrid["ndcg@10"].mean()), abs=1e-4), \
+        "the shipped default (zscore hybrid) equals the fusion scored on the sides' candidates"
+
+
+def test_the_bootstrap_interval_covers_the_mean_and_narrows_with_more_queries():
+    from flows.eval import interval
+
+    rng = np.random.default_rng(1)
+    few, many = rng.random(30), rng.random(3000)
+    mean, lo, hi = interval([few])
+    assert lo < mean < hi and mean == pytest.approx(few.mean())
+    _, lo2, hi2 = interval([many])
+    assert hi2 - lo2 < (hi - lo) / 5
+    assert interval([np.ones(10)])[1:] == (1.0, 1.0)
 
 
 def test_questions_csv_over_the_configs_own_sources(corpus, tmp_path, write_config):
@@ -85,3 +143,54 @@ def test_bad_datasets_are_refused_naming_the_file(tmp_path):
     bad_csv.write_text("question,answer\nx,y\n")
     with pytest.raises(ConfigError, match="needs the columns question and gold"):
         load_dataset(bad_csv)
+
+
+def _synthetic(n: int = 40) -> tuple[dict, object]:
+    """Questions whose full-text side ranks the gold document first and whose vector side is noise."""
+    from flows.eval import Dataset, QueryRun
+
+    rng = np.random.default_rng(3)
+    runs, qrels = {}, {}
+    for q in range(n):
+        gold = f"d{q}"
+        others = [f"d{(q + j) % n}" for j in range(1, 20)]
+        fulltext = [(f"{gold}#0", 9.0), *((f"{d}#0", 1.0 + rng.random()) for d in others)]
+        noise = rng.permutation([gold, *others]).tolist()
+        vector = [(f"{d}#0", 0.5 + 0.01 * rng.random()) for d in noise]
+        doc_of = {c: c.split("#")[0] for c, _ in [*fulltext, *vector]}
+        # The "default" here ranks by the vector side, as a badly chosen default would.
+        runs[str(q)] = QueryRun(vector, fulltext, [c for c, _ in vector], doc_of)
+        qrels[str(q)] = {gold: 1}
+    return runs, Dataset("synthetic", [], {q: q for q in runs}, qrels)
+
+
+def test_calibration_picks_the_side_that_finds_the_gold_and_reports_it_out_of_sample():
+    from flows.eval import calibrate_fusion, per_query
+
+    runs, data = _synthetic()
+    fit = calibrate_fusion(runs, data, rrf_k=60, folds=5)
+    assert fit["chosen"]["method"] == "zscore" and fit["chosen"]["vector_weight"] <= 0.5
+    before = per_query(runs, data, "default", 30)["ndcg@10"]
+    assert fit["after"].mean() > before.mean() + 0.3 and fit["after"].mean() > 0.95
+    assert len(fit["after"]) == 40, "every question scored once, by a fit that did not see it"
+
+
+def test_calibrate_from_the_cli_prints_before_after_and_the_yaml(corpus, tmp_path, write_config):
+    import yaml
+    from typer.testing import CliRunner
+
+    from inlet.cli import app
+    from schemas.config import QueryConfig
+
+    questions = tmp_path / "questions.csv"
+    questions.write_text("question,gold\nWhat are the wind limits for laser dinghies?,policies/safety-policy.html\n"
+                         "How do I winterize the outboard engine?,guides/boat-maintenance.md\n"
+                         "gelcoat hardener,guides/boat-maintenance.md\n"
+                         "Who won the regatta?,reports/regatta-report-2025.pdf\n")
+    config = write_config(corpus)
+    result = CliRunner().invoke(app, ["eval", "--calibrate", str(questions), "--config", str(config),
+                                      "--workdir", str(tmp_path / "work")])
+    assert result.exit_code == 0, result.output
+    assert "before nDCG@10" in result.output and "after  nDCG@10" in result.output and "out of sample" in result.output
+    pasted = yaml.safe_load(result.output[result.output.index("query:"):])
+    QueryConfig(**pasted["query"])  # what it prints is a valid query section

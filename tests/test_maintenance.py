@@ -13,6 +13,7 @@ from flows.ingest import ingest
 from flows.maintenance import maintenance
 from query import search
 from schemas.config import load_config
+from store.commit import fulltext_index_name
 from store.maintenance import expired_tags
 from tasks.maintain import bad_vectors, integrity_findings
 
@@ -75,7 +76,8 @@ def test_maintenance_after_30_runs_leaves_fewer_files_and_versions_and_the_same_
     assert len(chunks["tags_removed"]) == 30, "every run tag was on a version older than the cutoff"
     assert report["findings"] == [] and report["repaired"] is None
     assert answers() == before
-    assert lancedb.connect(store).open_table("chunks").index_stats("text_idx").num_unindexed_rows == 0
+    chunks = lancedb.connect(store).open_table("chunks")
+    assert chunks.index_stats(fulltext_index_name(chunks)).num_unindexed_rows == 0
     assert ingest(config_path=str(config))["docs_unchanged"] > 0, "the pruned store still ingests"
 
 

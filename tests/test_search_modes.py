@@ -11,9 +11,10 @@ import pytest
 
 from flows.ingest import ingest
 from query import search, warm
-from query.search import fuse
+from query.fusion import fuse
 from schemas.config import load_config
 from schemas.errors import QueryError
+from store.commit import fulltext_index_name
 from store.tables import FILE_FORMAT
 from tests.conftest import run_artifact
 
@@ -81,7 +82,7 @@ def test_fulltext_finds_a_row_added_after_the_index_was_built(store, corpus):
     summary = ingest(config_path=str(store))
     assert summary["docs_new"] == 1 and summary["indexes"]["fulltext"]["indexed"] > 0
     table = lancedb.connect(str(load_config(store).store.uri)).open_table("chunks")
-    assert table.index_stats("text_idx").num_unindexed_rows >= 1, "the new row is not in the index yet"
+    assert table.index_stats(fulltext_index_name(table)).num_unindexed_rows >= 1, "the new row is not in the index yet"
     assert search("zanzibar", k=1, mode="fulltext", config=store)[0].doc_id == "sample:new-note.md"
 
 

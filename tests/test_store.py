@@ -59,7 +59,7 @@ def test_no_table_or_no_match_gives_an_empty_table_of_the_columns(table):
 
 def _indexed_table(tmp_path, fragments: int) -> lancedb.table.Table:
     """A small table written in several commits (several small fragments) with a full-text index."""
-    from lancedb.index import FTS
+    from store.commit import create_fulltext_index
 
     db = lancedb.connect(str(tmp_path / "idx"))
     rows = [pa.table({"id": [f"{n}-{i}" for i in range(20)], "text": [f"row {i} of commit {n}" for i in range(20)]})
@@ -67,7 +67,7 @@ def _indexed_table(tmp_path, fragments: int) -> lancedb.table.Table:
     table = db.create_table("t", rows[0])
     for more in rows[1:]:
         table.add(more)
-    table.create_index("text", config=FTS(with_position=False))
+    create_fulltext_index(table)
     return table
 
 
