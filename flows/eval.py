@@ -20,7 +20,7 @@ from flows.ingest import DEFAULT_CONFIG, ingest
 from query.fusion import fuse_sides, ranked
 from query.metrics import mrr_at, ndcg_at, recall_at
 from query.search import search
-from schemas.config import load_config
+from schemas.config import QueryConfig, load_config
 from schemas.errors import ConfigError
 
 MODES = ("vector", "fulltext", "hybrid")
@@ -257,6 +257,21 @@ def default_check(values: dict[str, dict[str, np.ndarray]]) -> dict:
             "diff_lo": round(lo, 4), "diff_hi": round(hi, 4), "not_worse": bool(hi >= 0)}
 
 
+def score_variant(runs: dict[str, QueryRun], data: Dataset, set_name: str, variant: str, modes: tuple[str, ...],
+                  sweep: list[tuple[float, float]] | None, qcfg: QueryConfig, k_chunks: int, k: int,
+                  ) -> tuple[list[dict], dict[str, dict[str, np.ndarray]], dict]:
+    """Rows for one set and variant (each mode, the default, and each swept hybrid weighting), the per-query
+    values of vector, full-text and the default, and the check of the default against its better side."""
+    values = {mode: per_query(runs, data, mode, k_chunks, k) for mode in ("vector", "fulltext", "default")}
+    rows = [_row(set_name, variant, mode, [values[mode]]) for mode in [*(m for m in modes if m != "hybrid"), "default"]]
+    for weights in (sweep or []) if "hybrid" in modes else []:
+        fusion = {"method": qcfg.fusion, "vector_weight": weights[0], "fulltext_weight": weights[1],
+                  "rrf_k": qcfg.rrf_k}
+        rows.append(_row(set_name, variant, "hybrid", [per_query(runs, data, "hybrid", k_chunks, k, fusion)],
+                         weights=list(weights)))
+    return rows, values, {"set": set_name, "variant": variant, **default_check(values)}
+
+
 def find_sets(path: Path) -> list[tuple[str, Path]]:
     """A BEIR folder, or every BEIR folder under path (by relative name, e.g. xquad-r/ar), or a questions CSV."""
     if path.is_dir() and not (path / "corpus.jsonl").is_file():
@@ -303,22 +318,16 @@ def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str 
         query_ids = sample_queries(data, max_queries)
         for variant in variants:
             runs = run_queries(str(cfg_path), data, query_ids, k_chunks, None if variant == "default" else variant)
-            values = {mode: per_query(runs, data, mode, k_chunks, k) for mode in ("vector", "fulltext", "default")}
-            for mode in [*(m for m in modes if m != "hybrid"), "default"]:
-                rows.append(_row(set_name, variant, mode, [values[mode]]))
+            scored, values, check = score_variant(runs, data, set_name, variant, modes, sweep, qcfg, k_chunks, k)
+            rows += scored
+            checks.append(check)
+            for mode in ("vector", "fulltext", "default"):
                 values_of.setdefault((variant, mode), []).append(values[mode])
-            checks.append({"set": set_name, "variant": variant, **default_check(values)})
-            for weights in (sweep or []) if "hybrid" in modes else []:
-                fusion = {"method": qcfg.fusion, "vector_weight": weights[0], "fulltext_weight": weights[1],
-                          "rrf_k": qcfg.rrf_k}
-                row = _row(set_name, variant, "hybrid", [per_query(runs, data, "hybrid", k_chunks, k, fusion)],
-                           weights=list(weights))
-                rows.append(row)
-                if row["ndcg@10"] > best.get(variant, {}).get("ndcg@10", -1.0):
+            for row in scored:
+                if row["mode"] == "hybrid" and row["ndcg@10"] > best.get(variant, {}).get("ndcg@10", -1.0):
                     best[variant] = row
             logger.info("%s, %s: %s", set_name, variant, "; ".join(
-                f"{r['mode']}{r.get('weights') or ''} nDCG@10 {r['ndcg@10']:.3f}" for r in rows
-                if r["set"] == set_name and r["variant"] == variant))
+                f"{r['mode']}{r.get('weights') or ''} nDCG@10 {r['ndcg@10']:.3f}" for r in scored))
     if len(sets) > 1:
         rows += [_row("overall", variant, mode, groups) for (variant, mode), groups in values_of.items()]
     report = {"dataset": Path(dataset).name, "sets": [name for name, _ in sets], "k": k, "k_chunks": k_chunks,
@@ -326,13 +335,18 @@ def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str 
                                                          and r["mode"] == "default"),
               "results": rows, "checks": checks, "best_hybrid": best,
               "at": datetime.now(UTC).isoformat(timespec="seconds")}
+    return {**report, "path": str(publish_report(report, root))}
+
+
+def publish_report(report: dict, root: Path) -> Path:
+    """Write the report to <root>/eval-<time>.json and show its rows as the 'retrieval-eval' table artifact."""
     out = root / f"eval-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1), encoding="utf-8")
     create_table_artifact(key="retrieval-eval", description=f"Retrieval evaluation on {report['dataset']} "
-                          f"({len(sets)} set(s)); 95% bootstrap intervals", table=[
-                              {**r, "weights": str(r.get("weights") or "")} for r in rows])
-    return {**report, "path": str(out)}
+                          f"({len(report['sets'])} set(s)); 95% bootstrap intervals", table=[
+                              {**r, "weights": str(r.get("weights") or "")} for r in report["results"]])
+    return out
 
 
 # Fusions calibration chooses among: z-score fusion at vector weights 0 (full-text only) to 1 (vector only), and RRF.

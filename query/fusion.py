@@ -4,10 +4,11 @@ Each side is a list of (chunk id, score), best first: cosine similarity for the 
 full-text side. Two fusions are offered (query.fusion):
 
 - zscore (default): each side's scores are standardised over its own candidates (minus their mean, over
-  their standard deviation) and added, weighted. A side whose best hits stand far above the rest (a
-  confident side) moves the fused ranking; a side whose scores are flat (it cannot tell its candidates
-  apart, e.g. an embedder reading a language it was not trained on) barely does. A candidate one side did
-  not return gets that side's lowest standardised score. Chosen over RRF on every set in
+  their standard deviation) and added, weighted. A hit that stands far above the rest of its side (a
+  BM25 match on a rare term: often 5 or more deviations) outweighs the other side's best when that side's
+  scores are spread evenly (evenly spread scores reach about 1.7 deviations; an embedder reading a language
+  it was not trained on gives such scores). Ranks alone cannot tell these apart. A candidate one side did
+  not return gets that side's lowest standardised score. Measured against RRF on every set in
   ../shared/corpora/eval (bench/README.md, "Retrieval across data sets").
 - rrf: weighted reciprocal rank fusion, weight / (rrf_k + rank) summed over the sides. Ranks only: a
   weak side drags the fused ranking as much as a strong one.

@@ -77,6 +77,24 @@ def test_fulltext_finds_exact_terms_and_hybrid_fuses_both_rankings(store):
     assert fuse([(0.0, ["a"]), (2.0, ["c"])], 60) == pytest.approx({"c": 2 / 61})
 
 
+def test_zscore_fusion_follows_the_side_whose_best_hit_stands_out_where_rrf_does_not():
+    from query.fusion import ranked, standardised, zscore_fusion
+
+    # 40 candidates a side, as a hybrid search of k=10 fetches. Full-text: "a" stands far above the rest.
+    # Vector: scores spread evenly, "a" last: its best standardised score is only sqrt(3) over the mean.
+    ids = ["a", *(f"c{i:02d}" for i in range(39))]
+    sharp = [("a", 9.0), *((c, 1.0 + 0.01 * i) for i, c in enumerate(ids[1:]))]
+    flat = [(c, 0.51 - 0.0005 * i) for i, c in enumerate([*ids[1:], "a"])]
+    assert ranked(zscore_fusion(flat, sharp, 1.0, 1.0))[0] == "a"
+    assert ranked(zscore_fusion(flat, sharp, 1.0, 1.0))[0] != ranked(fuse([(1.0, ids[1:] + ["a"]), (1.0, ids)], 60))[0]
+    assert standardised([("x", 0.5), ("y", 0.5)]) == {"x": 0.0, "y": 0.0}, "equal scores carry no signal"
+    assert ranked(zscore_fusion(flat, sharp, 1.0, 0.0))[:2] == ["c00", "c01"], "weight 0: the other side alone"
+    only = zscore_fusion(flat, [("e", 3.0)], 0.0, 1.0)
+    assert list(only) == ["e"], "a side weighted 0 contributes no candidates"
+    missing = zscore_fusion([("a", 0.9), ("b", 0.1)], [("c", 5.0), ("a", 1.0)], 1.0, 1.0)
+    assert missing["b"] == pytest.approx(-1.0 + -1.0), "b: its own side's -1, and the other side's lowest z, -1"
+
+
 def test_fulltext_finds_a_row_added_after_the_index_was_built(store, corpus):
     (corpus / "new-note.md").write_text("# Note\n\nThe zanzibar tide gauge was recalibrated on Tuesday.\n")
     summary = ingest(config_path=str(store))
