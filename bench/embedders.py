@@ -1,9 +1,11 @@
-"""Benchmark: texts embedded per second by the local embedders (static, MiniLM, hashing) on real chunk texts.
+"""Benchmark: texts embedded per second by the local embedders (static, MiniLM, e5, hashing) on real chunk texts.
 
-    .venv/bin/python bench/embedders.py                  # 2,000 texts for static/hashing, 300 for MiniLM, 3 reps
+    .venv/bin/python bench/embedders.py      # 2,000 texts for static/hashing, 300 for MiniLM and e5, 3 reps
 
-Texts are 200-token windows (cl100k, Inlet's default chunk size) cut from ../shared/corpora/markdown.
-Model loading is timed apart from embedding. Writes bench/results/embedders.json.
+Texts are 200-token windows (cl100k, Inlet's default chunk size) cut from ../shared/corpora/markdown
+(English), and, for MiniLM and e5, the first 30 paragraphs of each language of
+../shared/corpora/eval/xquad-r (11 languages, 330 texts). Model loading is timed apart from embedding.
+Writes bench/results/embedders.json.
 """
 
 from __future__ import annotations
@@ -34,7 +36,16 @@ def chunk_texts(n: int) -> list[str]:
     return texts
 
 
-def measure(kind: str, texts: list[str], reps: int) -> dict:
+def xquad_texts(per_language: int = 30) -> list[str]:
+    """The first paragraphs of each XQuAD-R language (the same paragraphs, translated)."""
+    texts = []
+    for corpus in sorted((CORPUS.parent / "eval" / "xquad-r").glob("*/corpus.jsonl")):
+        lines = corpus.read_text(encoding="utf-8").splitlines()[:per_language]
+        texts.extend(json.loads(line)["text"] for line in lines)
+    return texts
+
+
+def measure(kind: str, texts: list[str], reps: int, label: str = "") -> dict:
     """Load the embedder once, then embed the texts reps times; return the median rate."""
     from providers.embedders import make_embedder
     from schemas.config import EmbeddingConfig
@@ -49,7 +60,7 @@ def measure(kind: str, texts: list[str], reps: int) -> dict:
         embedder.embed(texts)
         seconds.append(time.perf_counter() - start)
     median = statistics.median(seconds)
-    return {"embedder": kind, "texts": len(texts), "load_s": round(load, 2), "seconds_median": round(median, 3),
+    return {"embedder": kind + label, "texts": len(texts), "load_s": round(load, 2), "seconds_median": round(median, 3),
             "texts_per_s": round(len(texts) / median, 1)}
 
 
@@ -64,10 +75,17 @@ def main() -> None:
         sys.exit(f"needs {CORPUS} (the shared folder beside this checkout)")
     texts = chunk_texts(args.texts)
     rows = [measure("static", texts, args.reps), measure("hashing", texts, args.reps),
-            measure("minilm", texts[:args.minilm_texts], args.reps)]
-    minilm = rows[-1]["texts_per_s"]
+            measure("minilm", texts[:args.minilm_texts], args.reps), measure("e5", texts[:args.minilm_texts], args.reps)]
+    minilm = rows[2]["texts_per_s"]
     for row in rows:
-        row["vs_minilm"] = round(row["texts_per_s"] / minilm, 1)
+        row["vs_minilm"] = round(row["texts_per_s"] / minilm, 2)
+    languages = xquad_texts()
+    if languages:
+        pair = [measure("minilm", languages, args.reps, " (11 languages)"),
+                measure("e5", languages, args.reps, " (11 languages)")]
+        for row in pair:
+            row["vs_minilm"] = round(row["texts_per_s"] / pair[0]["texts_per_s"], 2)
+        rows += pair
     out = ROOT / "bench" / "results" / "embedders.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1))

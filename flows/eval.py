@@ -257,6 +257,25 @@ def default_check(values: dict[str, dict[str, np.ndarray]]) -> dict:
             "diff_lo": round(lo, 4), "diff_hi": round(hi, 4), "not_worse": bool(hi >= 0)}
 
 
+def save_runs(runs: dict[str, QueryRun], data: Dataset, path: Path) -> None:
+    """Write one set's answers and judgements as JSON: {"qrels": ..., "runs": {qid: QueryRun fields}}."""
+    payload = {"set": data.name, "questions_csv": not data.documents, "qrels": {q: data.qrels.get(q, {}) for q in runs},
+               "runs": {q: {"vector": r.vector, "fulltext": r.fulltext, "default": r.default, "doc_of": r.doc_of}
+                        for q, r in runs.items()}}
+    path.write_text(json.dumps(payload), encoding="utf-8")
+
+
+def load_runs(path: Path) -> tuple[dict[str, QueryRun], Dataset]:
+    """Read what save_runs wrote back into runs and a dataset holding their judgements."""
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    runs = {q: QueryRun([tuple(x) for x in r["vector"]], [tuple(x) for x in r["fulltext"]], r["default"],
+                        r["doc_of"]) for q, r in payload["runs"].items()}
+    # A BEIR set's corpus is not needed again (the runs hold its own doc ids), but its being non-empty is what
+    # tells per_query not to match gold paths as it does for a questions CSV.
+    corpus = [] if payload["questions_csv"] else [{"_id": "", "title": "", "text": ""}]
+    return runs, Dataset(payload["set"], corpus, {q: q for q in runs}, payload["qrels"])
+
+
 def score_variant(runs: dict[str, QueryRun], data: Dataset, set_name: str, variant: str, modes: tuple[str, ...],
                   sweep: list[tuple[float, float]] | None, qcfg: QueryConfig, k_chunks: int, k: int,
                   ) -> tuple[list[dict], dict[str, dict[str, np.ndarray]], dict]:
@@ -285,7 +304,7 @@ def find_sets(path: Path) -> list[tuple[str, Path]]:
 def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str | None = None,
              variants: dict[str, dict] | None = None, modes: tuple[str, ...] = MODES, k: int = 10,
              k_chunks: int = K_CHUNKS, sweep: list[tuple[float, float]] | None = None,
-             max_queries: int | None = None) -> dict:
+             max_queries: int | None = None, keep_runs: bool = False) -> dict:
     """Ingest each data set per variant, ask every query through query.search, report nDCG@10, recall@k, MRR@10.
 
     dataset: a BEIR folder, a folder of BEIR folders (every one under it is evaluated, e.g.
@@ -297,7 +316,9 @@ def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str 
     chunking, enrichment and embedding ("default" names the main index); each set is built in one
     store under workdir from one extraction. sweep: (vector, fulltext) weight pairs scored for hybrid
     with the configured fusion, on the same candidates. max_queries: a seeded sample of each set's
-    queries. Results go to <workdir>/eval-<time>.json and the 'retrieval-eval' table artifact.
+    queries. Results go to <workdir>/eval-<time>.json and the 'retrieval-eval' table artifact;
+    keep_runs: each set's answers (both sides' candidates with scores, the default's chunks) go to
+    <set's workdir>/runs-<variant>.json too, for bench/fusion.py to score other fusions on.
     """
     logger = get_run_logger()
     base = Path(config_path)
@@ -318,6 +339,8 @@ def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str 
         query_ids = sample_queries(data, max_queries)
         for variant in variants:
             runs = run_queries(str(cfg_path), data, query_ids, k_chunks, None if variant == "default" else variant)
+            if keep_runs:
+                save_runs(runs, data, work / f"runs-{variant}.json")
             scored, values, check = score_variant(runs, data, set_name, variant, modes, sweep, qcfg, k_chunks, k)
             rows += scored
             checks.append(check)

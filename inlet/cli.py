@@ -242,6 +242,8 @@ def eval_(
     sweep: Annotated[list[str] | None, typer.Option(help="Hybrid weights to try, VECTOR:FULLTEXT (repeatable).")] = None,
     max_queries: Annotated[int | None, typer.Option(help="Ask at most this many queries per set (a seeded sample).",
                                                     min=1)] = None,
+    keep_runs: Annotated[bool, typer.Option(help="Also write each set's answers (runs-<variant>.json) for "
+                                                 "bench/fusion.py.")] = False,
     calibrate: Annotated[Path | None, typer.Option(help="Fit the hybrid fusion to this questions CSV (question, "
                                                         "gold) over the config's sources; prints the YAML.")] = None,
 ) -> None:
@@ -258,7 +260,7 @@ def eval_(
     try:
         weights = [_weights(w) for w in sweep or []]
         report = evaluate(dataset=str(dataset), config_path=str(config), workdir=str(workdir) if workdir else None,
-                          sweep=weights or None, max_queries=max_queries)
+                          sweep=weights or None, max_queries=max_queries, keep_runs=keep_runs)
     except (InletError, ValueError) as exc:
         _fail(exc)
     table = Table("set", "variant", "mode", "nDCG@10 (95% interval)", "recall@10", "MRR@10", "queries",

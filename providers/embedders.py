@@ -282,18 +282,18 @@ def embedder_spec(cfg: EmbeddingConfig) -> EmbedderSpec:
         return EmbedderSpec(static_fingerprint(), STATIC_DIM, uses_titles=False)
     if cfg.kind == "e5":
         return EmbedderSpec(E5_FINGERPRINT, E5_DIM, uses_titles=False)
-    return EmbedderSpec(MINILM_FINGERPRINT, MiniLMEmbedder.dim, uses_titles=False)
+    return EmbedderSpec(MINILM_FINGERPRINT, MiniLMEmbedder.dim, uses_titles=False)  # minilm
 
 
 def resolve_embedding(cfg: EmbeddingConfig) -> tuple[EmbeddingConfig, str | None]:
-    """Return the embedding config to run with, and a notice when Gemini falls back to MiniLM for want of a key."""
+    """Return the embedding config to run with, and a notice when Gemini falls back to e5 for want of a key."""
     from providers.keys import gemini_api_key
 
     if cfg.kind != "gemini" or gemini_api_key():
         return cfg, None
     notice = (f"no GEMINI_API_KEY or GOOGLE_API_KEY in the environment: embedding with the local "
-              f"all-MiniLM-L6-v2 model instead of {cfg.model}")
-    return cfg.model_copy(update={"kind": "minilm", "dim": None}), notice
+              f"multilingual-e5-small model instead of {cfg.model}")
+    return cfg.model_copy(update={"kind": "e5", "dim": None}), notice
 
 
 def make_embedder(cfg: EmbeddingConfig) -> Embedder:

@@ -282,10 +282,11 @@ class EmbeddingConfig(_Strict):
     """Which embedder turns embedding inputs into vectors."""
 
     kind: Literal["minilm", "e5", "static", "hashing", "gemini"] = Field(
-        "minilm", description="minilm: local all-MiniLM-L6-v2 (English); e5: local multilingual-e5-small, 4-bit "
-        "(~100 languages, ~4x slower to index); static: a model2vec model distilled from MiniLM on "
+        "e5", description="e5: local multilingual-e5-small, 4-bit (~100 languages; chosen on every set in "
+        "../shared/corpora/eval, bench/README.md); minilm: local all-MiniLM-L6-v2 (English, ~4x faster to "
+        "index); static: a model2vec model distilled from MiniLM on "
         "first use (256 dims, ~100x faster, some quality lost); hashing: deterministic feature hashing (tests, "
-        "benchmarks); gemini: Gemini embeddings (needs GEMINI_API_KEY or GOOGLE_API_KEY, else MiniLM is used).",
+        "benchmarks); gemini: Gemini embeddings (needs GEMINI_API_KEY or GOOGLE_API_KEY, else e5 is used).",
     )
     dim: int | None = Field(None, gt=0, description="Vector size: hashing 384 and gemini 768 by default; MiniLM is 384.")
     batch_size: int = Field(64, gt=0, description="Texts per embedder call.")
@@ -301,7 +302,7 @@ class EmbeddingConfig(_Strict):
     @field_validator("dim")
     @classmethod
     def _minilm_is_384(cls, value: int | None, info) -> int | None:
-        if info.data.get("kind", "minilm") == "minilm" and value not in (None, 384):
+        if info.data.get("kind", "e5") == "minilm" and value not in (None, 384):
             msg = "all-MiniLM-L6-v2 vectors have 384 dimensions; leave dim out"
             raise ValueError(msg)
         if info.data.get("kind") == "e5" and value not in (None, 384):

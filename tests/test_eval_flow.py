@@ -194,3 +194,26 @@ def test_calibrate_from_the_cli_prints_before_after_and_the_yaml(corpus, tmp_pat
     assert "before nDCG@10" in result.output and "after  nDCG@10" in result.output and "out of sample" in result.output
     pasted = yaml.safe_load(result.output[result.output.index("query:"):])
     QueryConfig(**pasted["query"])  # what it prints is a valid query section
+
+
+def test_kept_runs_score_as_the_report_did_and_feed_the_fusion_bench(beir, tmp_path, write_config):
+    import importlib.util
+
+    from flows.eval import load_runs, per_query
+
+    sets = tmp_path / "sets"
+    shutil.copytree(beir, sets / "a")
+    shutil.copytree(beir, sets / "b")
+    report = evaluate(dataset=str(sets), config_path=str(write_config(tmp_path)), workdir=str(tmp_path / "work"),
+                      keep_runs=True)
+    runs, data = load_runs(tmp_path / "work" / "a" / "runs-default.json")
+    for mode in ("vector", "fulltext", "default"):
+        assert per_query(runs, data, mode, 30)["ndcg@10"].mean() == pytest.approx(
+            _rows(report, set="a")[(mode, ())]["ndcg@10"], abs=1e-4)
+    spec = importlib.util.spec_from_file_location("fusion_bench", Path(__file__).parent.parent / "bench" / "fusion.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    table = bench.scores(bench.load_sets(tmp_path / "work"))
+    assert set(table) == {"a", "b"}
+    loso = bench.leave_one_out(table)
+    assert [r["held_out"] for r in loso] == ["a", "b"] and loso[0]["fitted_on"] == ["b"]
