@@ -93,8 +93,11 @@ def test_the_default_row_is_what_query_search_returns(beir, tmp_path, write_conf
     for qid, run in runs.items():
         assert run.default == [h.chunk_id for h in search(data.queries[qid], k=30, clearance="confidential",
                                                           config=cfg_path)]
-    hybrid = per_query(runs, data, "hybrid", 30, fusion={"method": "zscore", "vector_weight": 1.0,
-                                                          "fulltext_weight": 1.0, "rrf_k": 60})
+    from schemas.config import QueryConfig
+
+    shipped = QueryConfig()
+    hybrid = per_query(runs, data, "hybrid", 30, fusion={"method": shipped.fusion, "vector_weight": shipped.vector_weight,
+                                                          "fulltext_weight": shipped.fulltext_weight, "rrf_k": 60})
     default = _rows(report, set="birds")[("default", ())]
     assert default["ndcg@10"] == pytest.approx(float(hybrid["ndcg@10"].mean()), abs=1e-4), \
         "the shipped default (zscore hybrid) equals the fusion scored on the sides' candidates"
