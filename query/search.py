@@ -340,17 +340,19 @@ _SIDES = ThreadPoolExecutor(max_workers=4, thread_name_prefix="inlet-hybrid")
 
 
 def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: int, qcfg: QueryConfig,
-            embed: Callable[[], list[float]], languages: frozenset[str] | None = None,
+            embed: Callable[[], list[float]], languages: frozenset[str] | None = None, keep: int | None = None,
             ) -> tuple[list[SearchResult], list[str]]:
+    """The hits of one mode, best first: k of them, or keep (more, for a re-ranking such as freshness)."""
+    n = keep or k
     if mode == "vector":
         # Cosine distance on unit vectors: 1 - distance is the cosine similarity.
-        hits = [_result(r, 1.0 - float(r["_distance"])) for r in _vector_rows(table, embed(), clause, k, qcfg)]
+        hits = [_result(r, 1.0 - float(r["_distance"])) for r in _vector_rows(table, embed(), clause, n, qcfg)]
         lang = query_language(text) if languages is not None else None
         uncovered = lang is not None and lang not in languages
         return hits, ([f"the embedder reads {', '.join(sorted(languages))}, not the query's language ({lang}): "
                        "try mode fulltext or hybrid"] if uncovered else [])
     if mode == "fulltext":
-        return [_result(r, float(r["_score"])) for r in _fulltext_rows(table, text, clause, k)], []
+        return [_result(r, float(r["_score"])) for r in _fulltext_rows(table, text, clause, n)], []
     depth = k * qcfg.candidates
     # Both sides at once (LanceDB works outside the GIL), ids only; the vector side is dropped below if its
     # weight is 0. Only the k fused winners are then fetched whole: 2 x depth full rows cost ~40% more.
@@ -366,7 +368,7 @@ def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: i
     scores = fuse_sides([(r["chunk_id"], 1.0 - float(r["_distance"])) for r in dense],
                         [(r["chunk_id"], float(r["_score"])) for r in sparse], method=qcfg.fusion,
                         vector_weight=weight, fulltext_weight=qcfg.fulltext_weight, rrf_k=qcfg.rrf_k)
-    best = ranked(scores, k)
+    best = ranked(scores, n)  # the sides' depth follows k alone: keep only lets more of the fused list through
     rows = _fetch(table, [row_ids[c] for c in best])
     return [_result(rows[row_ids[c]], scores[c]) for c in best], [why] if why else []
 
@@ -478,10 +480,10 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
         languages = getattr(chosen, "languages", None)
         half_life = cfg.query.freshness_half_life_days
         # With freshness on, more candidates are ranked, so that a recent document just below the k best can rise.
-        depth = k * cfg.query.candidates if half_life else k
-        hits, notices = _ranked(table, text, mode, clause, depth, cfg.query, embed, languages)
+        keep = k * cfg.query.candidates if half_life else None
+        hits, notices = _ranked(table, text, mode, clause, k, cfg.query, embed, languages, keep)
         if not hits and filters and fallback:
-            hits, more = _ranked(table, text, mode, guard, depth, cfg.query, embed, languages)
+            hits, more = _ranked(table, text, mode, guard, k, cfg.query, embed, languages, keep)
             notices += [f"nothing matched the filters ({filters}); these results ignore them", *more]
         if half_life:
             hits = by_freshness(hits, modified_times(cfg), half_life, datetime.now(UTC).timestamp(), k)
