@@ -1,6 +1,6 @@
 """Hybrid fusion: the vector and full-text rankings of one query made into one, as pure functions.
 
-Each side is a list of (chunk id, score), best first: cosine similarity for the vector side, BM25 for the
+Each side is a list of (id, score), best first (a chunk id, or a row id within one table version): cosine similarity for the vector side, BM25 for the
 full-text side. Two fusions are offered (query.fusion):
 
 - zscore (default): each side's scores are standardised over its own candidates (minus their mean, over
@@ -19,15 +19,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-Ranked = Sequence[tuple[str, float]]
+Key = str | int
+Ranked = Sequence[tuple[Key, float]]
 
 
-def fuse(rankings: list[tuple[float, list[str]]], rrf_k: int) -> dict[str, float]:
+def fuse(rankings: list[tuple[float, list[Key]]], rrf_k: int) -> dict[Key, float]:
     """Weighted reciprocal rank fusion: each id scores the sum of weight / (rrf_k + rank) over the rankings.
 
     A ranking weighted 0 contributes no candidates at all, so fusion can reduce to one side exactly.
     """
-    scores: dict[str, float] = {}
+    scores: dict[Key, float] = {}
     for weight, ids in rankings:
         if weight <= 0:
             continue
@@ -36,7 +37,7 @@ def fuse(rankings: list[tuple[float, list[str]]], rrf_k: int) -> dict[str, float
     return scores
 
 
-def standardised(side: Ranked) -> dict[str, float]:
+def standardised(side: Ranked) -> dict[Key, float]:
     """Each candidate's score minus the side's mean, over its standard deviation (all 0 when they are equal)."""
     if not side:
         return {}
@@ -46,7 +47,7 @@ def standardised(side: Ranked) -> dict[str, float]:
     return {c: (s - mean) / spread if spread > 0 else 0.0 for c, s in side}
 
 
-def zscore_fusion(dense: Ranked, sparse: Ranked, vector_weight: float, fulltext_weight: float) -> dict[str, float]:
+def zscore_fusion(dense: Ranked, sparse: Ranked, vector_weight: float, fulltext_weight: float) -> dict[Key, float]:
     """Weighted sum of the sides' standardised scores; a side weighted 0 contributes no candidates."""
     sides = [(w, standardised(side)) for w, side in ((vector_weight, dense), (fulltext_weight, sparse)) if w > 0]
     candidates = {c for _, z in sides for c in z}
@@ -59,13 +60,13 @@ def zscore_fusion(dense: Ranked, sparse: Ranked, vector_weight: float, fulltext_
 
 
 def fuse_sides(dense: Ranked, sparse: Ranked, *, method: str, vector_weight: float, fulltext_weight: float,
-               rrf_k: int) -> dict[str, float]:
+               rrf_k: int) -> dict[Key, float]:
     """Fuse the two sides by the configured method; returns each candidate's fused score."""
     if method == "rrf":
         return fuse([(vector_weight, [c for c, _ in dense]), (fulltext_weight, [c for c, _ in sparse])], rrf_k)
     return zscore_fusion(dense, sparse, vector_weight, fulltext_weight)
 
 
-def ranked(scores: dict[str, float], k: int | None = None) -> list[str]:
+def ranked(scores: dict[Key, float], k: int | None = None) -> list[Key]:
     """Ids by fused score, best first; ties by id, so the order never depends on set iteration."""
     return sorted(scores, key=lambda c: (-scores[c], c))[:k]

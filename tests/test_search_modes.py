@@ -95,6 +95,29 @@ def test_zscore_fusion_follows_the_side_whose_best_hit_stands_out_where_rrf_does
     assert missing["b"] == pytest.approx(-1.0 + -1.0), "b: its own side's -1, and the other side's lowest z, -1"
 
 
+def test_tied_cut_keeps_every_row_tied_with_the_last_one_kept():
+    from query.search import tied_cut
+
+    assert tied_cut({7: 0.9, 3: 0.5, 5: 0.5, 1: 0.2}, 2) == [7, 3, 5]
+    assert tied_cut({7: 0.9, 3: 0.5}, 5) == [7, 3]
+    assert tied_cut({}, 3) == []
+
+
+def test_hybrid_breaks_ties_between_identical_chunks_by_chunk_id(tmp_path, write_config):
+    docs = tmp_path / "twins"
+    docs.mkdir()
+    body = "The quartermaster stores the spare winch handles in the port locker.\n"
+    for name in ("c.md", "a.md", "b.md", "d.md"):  # written out of order: row order is not chunk id order
+        (docs / name).write_text(f"# Winches\n\n{body}")
+    config = write_config(docs, sources=[{"name": "twins", "path": str(docs)}])
+    ingest(config_path=str(config))
+    for k in (1, 2, 4):
+        hits = search("spare winch handles", k=k, mode="hybrid", config=config)
+        everything = search("spare winch handles", k=4, mode="hybrid", config=config)
+        assert len({h.score for h in everything}) == 1, "identical chunks score alike"
+        assert [h.chunk_id for h in hits] == sorted(h.chunk_id for h in everything)[:k]
+
+
 def test_fulltext_finds_a_row_added_after_the_index_was_built(store, corpus):
     (corpus / "new-note.md").write_text("# Note\n\nThe zanzibar tide gauge was recalibrated on Tuesday.\n")
     summary = ingest(config_path=str(store))
