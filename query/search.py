@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -357,7 +359,8 @@ def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: i
     # side a materialising step (~1.5 ms at 1M chunks); the languages of the full-text candidates are read only
     # for an embedder that does not read every language. The vector side is dropped below if its weight is 0.
     # Only the k fused winners are then fetched whole: 2 x depth full rows cost ~40% more.
-    dense_future = (_SIDES.submit(_vector_rows, table, embed(), clause, depth, qcfg, [])
+    # The query is embedded on the vector side's thread, so a model's embedding time overlaps the full-text search.
+    dense_future = (_SIDES.submit(lambda: _vector_rows(table, embed(), clause, depth, qcfg, []))
                     if qcfg.vector_weight > 0 else None)
     sparse = (_fulltext_rows(table, text, clause, depth, ["language"] if languages is not None else [])
               if qcfg.fulltext_weight > 0 else [])
@@ -386,6 +389,29 @@ def tied_cut(scores: dict[int, float], n: int) -> list[int]:
     while end < len(order) and scores[order[end]] == last:
         end += 1
     return order[:end]
+
+
+_QUERY_VECTORS: OrderedDict[tuple[str, str], list[float]] = OrderedDict()  # (fingerprint, text) -> vector
+_QUERY_VECTORS_KEPT = 1024
+_QUERY_VECTORS_LOCK = threading.Lock()
+
+
+def query_vector(embedder: Embedder, text: str) -> list[float]:
+    """The query's vector, the last 1,024 kept: agents ask again, and e5 takes ~15 ms a query on two cores.
+
+    Keyed by the embedder's fingerprint, which names its model, settings and task: equal fingerprints embed alike.
+    """
+    key = (embedder.fingerprint, text)
+    with _QUERY_VECTORS_LOCK:  # searches may run on many threads
+        if key in _QUERY_VECTORS:
+            _QUERY_VECTORS.move_to_end(key)
+            return _QUERY_VECTORS[key]
+    vector = [float(x) for x in embedder.embed([text])[0]]
+    with _QUERY_VECTORS_LOCK:
+        _QUERY_VECTORS[key] = vector
+        if len(_QUERY_VECTORS) > _QUERY_VECTORS_KEPT:
+            _QUERY_VECTORS.popitem(last=False)
+    return vector
 
 
 def modified_times(cfg: InletConfig) -> dict[str, float]:
@@ -491,7 +517,7 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
             chosen = embedder or query_embedder(table_fp, cfg.embedding)
             check_embedder(table_fp, chosen)
         # Only vector and hybrid searches pay for a query embedding, and only once with a fallback.
-        embed = functools.cache(lambda: chosen.embed([text])[0])
+        embed = functools.cache(lambda: query_vector(chosen, text))
         languages = getattr(chosen, "languages", None)
         half_life = cfg.query.freshness_half_life_days
         # With freshness on, more candidates are ranked, so that a recent document just below the k best can rise.

@@ -103,6 +103,25 @@ def test_tied_cut_keeps_every_row_tied_with_the_last_one_kept():
     assert tied_cut({}, 3) == []
 
 
+def test_a_repeated_query_is_embedded_once_per_embedder_fingerprint():
+    import numpy as np
+
+    from query.search import query_vector
+
+    class Counting:
+        def __init__(self, fingerprint: str) -> None:
+            self.fingerprint, self.calls = fingerprint, 0
+
+        def embed(self, texts: list[str]) -> np.ndarray:
+            self.calls += 1
+            return np.full((len(texts), 3), float(len(self.fingerprint)), dtype=np.float32)
+
+    a, same, other = Counting("test-a:dim=3"), Counting("test-a:dim=3"), Counting("test-bb:dim=3")
+    assert query_vector(a, "tide tables") == query_vector(same, "tide tables") == [12.0] * 3
+    assert (a.calls, same.calls) == (1, 0), "an equal fingerprint embeds alike: asked once"
+    assert query_vector(other, "tide tables") == [13.0] * 3 and other.calls == 1
+
+
 def test_hybrid_breaks_ties_between_identical_chunks_by_chunk_id(tmp_path, write_config):
     docs = tmp_path / "twins"
     docs.mkdir()
