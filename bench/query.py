@@ -105,7 +105,7 @@ def build(store: Path, size: int, texts: list[str], fingerprint: str, seed: int 
 def latencies(config: Path, queries: list[str], mode: str) -> list[float]:
     """Milliseconds per search() call in a warmed-up process (warm(), then one search), as a search service runs."""
     warm(config)
-    search(queries[0], k=10, mode=mode, config=config)
+    search("a first question to warm up on", k=10, mode=mode, config=config)
     out = []
     for q in queries:
         start = time.perf_counter()
@@ -156,7 +156,10 @@ def main() -> None:
         parser.error("--store takes one size")
     texts = paragraphs()
     rng = np.random.default_rng(3)
-    queries = [" ".join(t.split()[:8]) for t in (texts[i] for i in rng.choice(len(texts), args.queries))]
+    modes = ("vector", "fulltext", "hybrid")
+    # Each mode its own questions: search() keeps recent query vectors, and a mode must not time another's.
+    picks = iter(rng.choice(len(texts), args.queries * len(modes), replace=False))
+    queries = {mode: [" ".join(texts[next(picks)].split()[:8]) for _ in range(args.queries)] for mode in modes}
     results = []
     print(f"{'chunks':>9} {'mode':>9} {'p50 ms':>8} {'p95 ms':>8} | build: write s, index s | ANN recall@10")
     for size in args.sizes:
@@ -171,8 +174,8 @@ def main() -> None:
                                               "embedding": {"kind": args.embedder, "dim": DIM},
                                               "store": {"uri": str(store), "artifacts": str(folder / "runs")}}))
             recall = ann_recall(store, 100)
-            for mode in ("vector", "fulltext", "hybrid"):
-                ms = latencies(config, queries, mode)
+            for mode in modes:
+                ms = latencies(config, queries[mode], mode)
                 row = {"chunks": size, "embedder": args.embedder, "mode": mode, "p50_ms": pct(ms, 0.5), "p95_ms": pct(ms, 0.95),
                        "write_s": written, "index_s": indexed, "ann_recall_at_10": recall}
                 results.append(row)
