@@ -354,10 +354,10 @@ class QueryConfig(_Strict):
     fusion: Literal["zscore", "rrf"] = Field(
         "zscore", description="How hybrid mode fuses its sides: zscore (standardised scores, weighted: a side "
         "that cannot tell its candidates apart barely counts) or rrf (reciprocal rank fusion). query/fusion.py.")
-    # 0.6 / 0.4: chosen by leave-one-set-out over ../shared/corpora/eval with the e5 embedder, in 11 of 12 folds
-    # (bench/README.md, "Retrieval across data sets"); only the ratio matters.
-    vector_weight: float = Field(0.6, ge=0, description="Weight of the vector ranking in hybrid fusion.")
-    fulltext_weight: float = Field(0.4, ge=0, description="Weight of the full-text (BM25) ranking in hybrid fusion.")
+    # 0.5 / 0.5: chosen by leave-one-set-out over the 15 sets of ../shared/corpora/eval with the e5 embedder, in
+    # all 15 folds (bench/README.md, "Retrieval across data sets"); only the ratio matters.
+    vector_weight: float = Field(0.5, ge=0, description="Weight of the vector ranking in hybrid fusion.")
+    fulltext_weight: float = Field(0.5, ge=0, description="Weight of the full-text (BM25) ranking in hybrid fusion.")
     rrf_k: int = Field(60, ge=1, description="Reciprocal rank fusion constant: score = weight / (rrf_k + rank).")
     candidates: int = Field(4, ge=1, le=100, description="Each side of a hybrid search fetches candidates x k rows.")
     fulltext_index: bool = Field(True, description="Create and keep current a full-text index on chunk text.")
