@@ -93,11 +93,16 @@ def load_dataset(path: str | Path) -> Dataset:
         if missing:
             msg = f"{path}: a BEIR folder needs {', '.join(missing)}"
             raise ConfigError(msg)
-        return load_beir(path)
-    if path.suffix.lower() == ".csv" and path.is_file():
-        return load_questions_csv(path)
-    msg = f"{path}: neither a BEIR folder (corpus.jsonl, queries.jsonl, qrels/test.tsv) nor a questions CSV"
-    raise ConfigError(msg)
+        data = load_beir(path)
+    elif path.suffix.lower() == ".csv" and path.is_file():
+        data = load_questions_csv(path)
+    else:
+        msg = f"{path}: neither a BEIR folder (corpus.jsonl, queries.jsonl, qrels/test.tsv) nor a questions CSV"
+        raise ConfigError(msg)
+    if not any(data.qrels.get(q) for q in data.queries):
+        msg = f"{path}: no question has a judged document (gold / qrels): nothing to score"
+        raise ConfigError(msg)
+    return data
 
 
 def write_corpus(documents: list[dict], folder: Path) -> None:
@@ -300,6 +305,12 @@ def find_sets(path: Path) -> list[tuple[str, Path]]:
     return [(path.stem if path.is_file() else path.name, path)]
 
 
+def eval_root(config_path: Path) -> Path:
+    """Where evaluations build their stores by default: eval/ beside the artifacts (data/eval for remote stores)."""
+    artifacts = load_config(config_path).store.artifacts
+    return (Path("data") if "://" in artifacts else Path(artifacts).parent) / "eval"
+
+
 @flow(name="eval", log_prints=True)
 def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str | None = None,
              variants: dict[str, dict] | None = None, modes: tuple[str, ...] = MODES, k: int = 10,
@@ -322,8 +333,7 @@ def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str 
     """
     logger = get_run_logger()
     base = Path(config_path)
-    artifacts = load_config(base).store.artifacts
-    root = Path(workdir) if workdir else (Path("data") if "://" in artifacts else Path(artifacts).parent) / "eval"
+    root = Path(workdir) if workdir else eval_root(base)
     variants = variants or {"default": {}}
     rows, checks, best = [], [], {}
     values_of: dict[tuple[str, str], list[dict[str, np.ndarray]]] = {}  # (variant, mode) -> per set values
@@ -416,8 +426,7 @@ def calibrate(questions: str, config_path: str = str(DEFAULT_CONFIG), workdir: s
     """
     data = load_dataset(questions)
     base = Path(config_path)
-    artifacts = load_config(base).store.artifacts
-    work = Path(workdir) if workdir else (Path("data") if "://" in artifacts else Path(artifacts).parent) / "eval" / data.name
+    work = Path(workdir) if workdir else eval_root(base) / data.name
     cfg_path = eval_config(base, data, work, {"default": {}})
     ingest(config_path=str(cfg_path))
     qcfg = load_config(cfg_path).query

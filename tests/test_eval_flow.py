@@ -146,6 +146,10 @@ def test_bad_datasets_are_refused_naming_the_file(tmp_path):
     bad_csv.write_text("question,answer\nx,y\n")
     with pytest.raises(ConfigError, match="needs the columns question and gold"):
         load_dataset(bad_csv)
+    for body in ("question,gold\n", "question,gold\nwhere is the slipway?, ;\n"):  # no rows; no gold given
+        bad_csv.write_text(body)
+        with pytest.raises(ConfigError, match=r"q.csv: no question has a judged document"):
+            load_dataset(bad_csv)
 
 
 def _synthetic(n: int = 40) -> tuple[dict, object]:
