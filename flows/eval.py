@@ -311,6 +311,24 @@ def eval_root(config_path: Path) -> Path:
     return (Path("data") if "://" in artifacts else Path(artifacts).parent) / "eval"
 
 
+def build_store(base: Path, data: Dataset, work: Path, variants: dict[str, dict]) -> Path:
+    """Write the set's corpus under work (a BEIR set) and ingest it with every variant; return the eval config."""
+    if data.documents:
+        write_corpus(data.documents, work / "corpus")
+    cfg_path = eval_config(base, data, work, variants)
+    ingest(config_path=str(cfg_path))  # every variant from one extraction
+    return cfg_path
+
+
+def best_hybrid(rows: list[dict]) -> dict[str, dict]:
+    """Per variant, the swept hybrid row with the best nDCG@10 (the first of equals)."""
+    best: dict[str, dict] = {}
+    for row in rows:
+        if row["mode"] == "hybrid" and row["ndcg@10"] > best.get(row["variant"], {}).get("ndcg@10", -1.0):
+            best[row["variant"]] = row
+    return best
+
+
 @flow(name="eval", log_prints=True)
 def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str | None = None,
              variants: dict[str, dict] | None = None, modes: tuple[str, ...] = MODES, k: int = 10,
@@ -335,16 +353,13 @@ def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str 
     base = Path(config_path)
     root = Path(workdir) if workdir else eval_root(base)
     variants = variants or {"default": {}}
-    rows, checks, best = [], [], {}
+    rows, checks = [], []
     values_of: dict[tuple[str, str], list[dict[str, np.ndarray]]] = {}  # (variant, mode) -> per set values
     sets = find_sets(Path(dataset))
     for set_name, path in sets:
         data = load_dataset(path)
         work = root / set_name if len(sets) > 1 or workdir is None else root
-        if data.documents:
-            write_corpus(data.documents, work / "corpus")
-        cfg_path = eval_config(base, data, work, variants)
-        ingest(config_path=str(cfg_path))  # every variant from one extraction
+        cfg_path = build_store(base, data, work, variants)
         qcfg = load_config(cfg_path).query
         query_ids = sample_queries(data, max_queries)
         for variant in variants:
@@ -356,9 +371,6 @@ def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str 
             checks.append(check)
             for mode in ("vector", "fulltext", "default"):
                 values_of.setdefault((variant, mode), []).append(values[mode])
-            for row in scored:
-                if row["mode"] == "hybrid" and row["ndcg@10"] > best.get(variant, {}).get("ndcg@10", -1.0):
-                    best[variant] = row
             logger.info("%s, %s: %s", set_name, variant, "; ".join(
                 f"{r['mode']}{r.get('weights') or ''} nDCG@10 {r['ndcg@10']:.3f}" for r in scored))
     if len(sets) > 1:
@@ -366,7 +378,7 @@ def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str 
     report = {"dataset": Path(dataset).name, "sets": [name for name, _ in sets], "k": k, "k_chunks": k_chunks,
               "max_queries": max_queries, "queries": sum(r["queries"] for r in rows if r["set"] != "overall"
                                                          and r["mode"] == "default"),
-              "results": rows, "checks": checks, "best_hybrid": best,
+              "results": rows, "checks": checks, "best_hybrid": best_hybrid(rows),
               "at": datetime.now(UTC).isoformat(timespec="seconds")}
     return {**report, "path": str(publish_report(report, root))}
 
@@ -427,8 +439,7 @@ def calibrate(questions: str, config_path: str = str(DEFAULT_CONFIG), workdir: s
     data = load_dataset(questions)
     base = Path(config_path)
     work = Path(workdir) if workdir else eval_root(base) / data.name
-    cfg_path = eval_config(base, data, work, {"default": {}})
-    ingest(config_path=str(cfg_path))
+    cfg_path = build_store(base, data, work, {"default": {}})
     qcfg = load_config(cfg_path).query
     runs = run_queries(str(cfg_path), data, sample_queries(data, None), K_CHUNKS, None)
     before = per_query(runs, data, "default", K_CHUNKS)["ndcg@10"]
