@@ -26,6 +26,7 @@ from store.tables import use_store_options
 from tasks.chunk import chunk_stage
 from tasks.embed import embed_stage
 from tasks.enrich import enrich_stage
+from tasks.estimate import estimate_stage
 from tasks.extract import extract_stage
 from tasks.quality import validate_stage
 from tasks.refresh import refresh_stage
@@ -54,12 +55,13 @@ class IndexWork:
     """One batch's work for one index, as the writer and the run summary take it."""
 
     extracted: str  # the extracted artifact: every document of the batch, ok or quarantined
-    embedded: str  # the embedded chunks artifact: what the writer commits
+    embedded: str  # the embedded chunks artifact: what the writer commits (a plan's: its estimate artifact)
     rows: int  # its chunk rows
     texts: dict[str, int]  # texts enriched, embedded, truncated, enrichment failed
     usage: dict[str, float]  # model calls, tokens and dollars
     validation: list[dict]  # the data-quality checks' outcomes
     errors: list[DocumentFailure]  # documents quarantined for an unexpected error (the systemic breaker counts)
+    notices: list[str] = field(default_factory=list)  # a plan's: what its estimate had to assume
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class BatchResult:
 
 
 def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, shared: bool,
-                 clock: Stopwatch) -> IndexWork:
+                 clock: Stopwatch, dry_run: bool = False, chunk_tables: tuple[str, ...] = ()) -> IndexWork:
     """Chunk, refresh, enrich, embed and validate one batch for one index; return its artifacts, counts and usage."""
     cfg, here = plan.cfg, batch_dir(plan.run_dir, number)
     store, table = cfg.store.uri, cfg.store.chunks_table
@@ -93,6 +95,11 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
     failpoint("batch-chunked")
     # Stored chunks of documents whose enrichment alone is stale join in here, skipping extract and chunk.
     chunks, extracted = timed("refresh", refresh_stage, documents, chunks, extracted, store, table, here)
+    if dry_run:  # a plan: what enriching and embedding would ask of the models, none of them called
+        est = timed("estimate", estimate_stage, chunks, extracted, cfg.enrichment, cfg.embedding, cfg.pricing, store,
+                    cfg.store.cache_table, here, plan.jobs_dir, list(chunk_tables))
+        return IndexWork(extracted, est.path, est.rows, est.texts, est.usage,
+                         [], unexpected_errors(read_artifact(extracted, EXTRACTED_SCHEMA)), est.notices)
     with _MODELS, models_lock(store):
         enriched = timed("enrich", enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store,
                           cfg.store.cache_table, here, plan.jobs_dir)
@@ -114,8 +121,10 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
 
 @task(name="batch", task_run_name="batch-{number}", cache_policy=NO_CACHE)
 def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: list[IndexPlan],
-                storage: dict[str, dict]) -> BatchResult:
+                storage: dict[str, dict], dry_run: bool = False) -> BatchResult:
     """Extract one batch once, then chunk, refresh, enrich, embed and validate it for every index, each a task run.
+
+    dry_run (a plan): chunk and refresh, then estimate the model work instead of enriching, embedding and validating.
 
     Every table it made is an artifact under the batch's folder, so the batch may run on another machine.
     """
@@ -131,6 +140,8 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
         todo = documents[0] if len(plans) == 1 else extraction_todo_stage(documents, here)
         elements, extracted, notices = clock.run("extract", extract_stage, todo, extraction, here, storage)
         failpoint("batch-extracted")
-        results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, clock) for plan in plans]
+        tables = tuple(p.cfg.store.chunks_table for p in plans)  # what a store without a model cache is seeded from
+        results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, clock, dry_run, tables)
+                   for plan in plans]
     failpoint("batch-validated")
     return BatchResult(results, notices, clock.seconds, (began, time.time()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 import uuid
@@ -18,7 +19,7 @@ from flows.runners import make_task_runner
 from flows.writer import Writer
 from providers import gx
 from providers.embedders import embedder_spec, resolve_embedding
-from providers.enrichers import resolve_enrichment
+from providers.enrichers import make_enricher, resolve_enrichment
 from providers.keys import use_secret_block
 from runtime.artifacts import is_remote, join, read_artifact, use_storage_options
 from runtime.clock import Stopwatch
@@ -29,9 +30,9 @@ from runtime.memory import release_memory
 from runtime.progress import stage_progress
 from schemas.arrow import DOCUMENTS_SCHEMA, WORK, Change
 from schemas.config import InletConfig, load_config
-from schemas.errors import ConfigError
+from schemas.errors import ConfigError, CostCeilingError
 from store import inflight
-from store.commit import CommitTarget
+from store.commit import CommitTarget, check_vector_size
 from store.model_cache import needs_tidy, prepare_cache
 from store.tables import (
     connect,
@@ -44,6 +45,7 @@ from tasks.crawl import crawl_stage
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
 from tasks.load import tidy_cache_stage
 from tasks.plan import batch_bytes, plan_batches, write_batch_documents
+from tasks.plan_report import PlanInfo, plan_report_stage
 from tasks.report import IndexTotals, RunInfo, merge_usage, merge_validation, report_stage
 
 BATCH_JOBS_DIR = "batch-jobs"  # open Gemini batch jobs, beside the run folders: kept across runs to resume them
@@ -61,14 +63,15 @@ def unpriced_models(cfg: InletConfig) -> list[str]:
             if m not in cfg.pricing.models]
 
 
-def new_run_id(now: datetime) -> str:
-    """Return a sortable, unique run id such as run-20261122T101500-1a2b3c."""
-    return f"run-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+def new_run_id(now: datetime, kind: str = "run") -> str:
+    """Return a sortable, unique run id such as run-20261122T101500-1a2b3c (plan-... for a plan)."""
+    return f"{kind}-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
 
 
 @flow(name="ingest", log_prints=True)
 def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = False,
-           allow_deletions: bool = False) -> dict:
+           allow_deletions: bool = False, dry_run: bool = False, max_cost_usd: float | None = None,
+           allow_cost: bool = False) -> dict:
     """Bring the LanceDB store up to date with the configured sources; return the run summary.
 
     config -> crawl -> detect -> plan batches -> per batch on the task runner (extract -> chunk -> refresh ->
@@ -80,14 +83,21 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
 
     A source whose listing fails, comes back empty or shrinks past its max_delete_share deletes nothing and
     the run says so, unless allow_deletions.
+
+    dry_run (`inlet plan`): crawl, detect, extract and chunk as a run would, then estimate the model work from the
+    model cache instead of doing it; nothing is written to the store and no model is called. Returns the plan.
+    max_cost_usd (else run.max_cost_usd): plan first, and stop before any model call if the plan costs more;
+    allow_cost lifts the ceiling for this run.
     """
     begin = time.perf_counter()
     cfg = load_config(config_path)
-    run = start_run(cfg)
+    run = start_run(cfg, "plan" if dry_run else "run")
     plans = index_plans(cfg, run.run_dir)
     clock = Stopwatch()
     # One writer at a time: a second run against this store is refused (or waits) before it reads anything.
-    with writer_lock(cfg.store.uri, run.run_id, cfg.store.lock_wait_s):
+    # A plan writes nothing to the store: it takes no lock, so it can be made while a run goes on.
+    lock = contextlib.nullcontext() if dry_run else writer_lock(cfg.store.uri, run.run_id, cfg.store.lock_wait_s)
+    with lock:
         known_main = known_documents(connect(cfg.store.uri), cfg.store.documents_table)
         web = any(src.kind == "web" for src in cfg.sources)  # the known pages' validators make requests conditional
         listing, failed_sources, crawl_notices = clock.run("crawl", crawl_stage, cfg, run.run_dir,
@@ -97,37 +107,81 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
                                  retry_quarantined, allow_deletions) for plan in plans]
         failpoint("detected")
         batches, sizes = plan_run_batches(cfg, plans, detected, clock)
-        if batches:
-            prepare_model_cache(cfg, plans, clock)
-        writers = [Writer(commit_target(plan, d, run), d.documents, commit_rows=cfg.execution.commit_rows,
-                          batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=d.known)
-                   for plan, d in zip(plans, detected)]
-        with cpu_pool_for(cfg.execution, sum(sizes)):  # its workers start while GX is imported
-            if batches and cfg.execution.task_runner == "thread" and any(p.cfg.quality.enabled for p in plans):
-                # GX's import (2-3 s, holding the interpreter) before the batches, not inside the first batch's
-                # validate, where it slowed every batch beside it; reported apart, as "import gx". Said in the
-                # run's log, so that the gap before the first batch in the UI is explained.
-                get_run_logger().info("loading great-expectations for the data-quality checks")
-                clock.run("import gx", gx.context)
-            done = clock.run("batches", run_batches, cfg, batches, run.run_dir, plans, writers)
-        clock.seconds = merge_usage(clock.seconds, done.seconds)  # summed: "import gx" may come from both
-        results = [writer.finish(ann_min_rows=plan.cfg.query.ann_min_rows)  # the last commit group, then publish
-                   for plan, writer in zip(plans, writers)]
-        if batches:  # after publishing, not beside the index builds: the run's memory peak is there
-            tidy_model_cache(cfg, clock)
-        summaries = []
-        for plan, d, writer, totals, loaded in zip(plans, detected, writers, done.indexes, results):
-            if d.markers:  # what killed runs left, now committed again
-                inflight.settle(d.markers, worked_ids(read_artifact(d.documents, DOCUMENTS_SCHEMA)))
-            clock.seconds.update({k + _suffix(plan): v for k, v in writer.clock.seconds.items()})
-            summaries.append(report_stage(
-                report_info(plan, run), d.documents, totals, loaded, finished=datetime.now(UTC),
-                stage_seconds=clock.rounded(), notices=[*plan.notices, *crawl_notices, *d.notices, *done.notices]))
+        ceiling = None if allow_cost else (max_cost_usd if max_cost_usd is not None else cfg.run.max_cost_usd)
+        if dry_run or (ceiling is not None and batches):
+            summaries = plan_run(cfg, run, plans, detected, batches, sizes, clock, crawl_notices)
+            if not dry_run:
+                check_cost(summaries, ceiling, plans)
+        if not dry_run:
+            summaries = index_run(cfg, run, plans, detected, batches, sizes, clock, crawl_notices)
     summary = summaries[0]
     if len(summaries) > 1:
         summary["variants"] = {plan.name: s for plan, s in zip(plans[1:], summaries[1:])}
     # The flow body alone; Prefect's own run set-up and teardown come on top of this.
     return {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}
+
+
+def plan_run(cfg: InletConfig, run: RunStart, plans: list[IndexPlan], detected: list[Detected],
+             batches: list[list[str]], sizes: list[int], clock: Stopwatch, crawl_notices: list[str]) -> list[dict]:
+    """Extract and chunk the batches, estimate their model work from the cache, report each index's plan."""
+    with cpu_pool_for(cfg.execution, sum(sizes)):
+        done = clock.run("batches", run_batches, cfg, batches, run.run_dir, plans, [], dry_run=True)
+    return [plan_report_stage(PlanInfo(run.run_id, cfg.store.uri, plan.cfg.store.runs_table,
+                                       "ingest-plan" + ("" if plan.name is None else f"-{plan.name}")),
+                              d.documents, d.known, totals.extracted, totals.embedded, totals.rows, totals.texts,
+                              totals.usage, [*plan.notices, *crawl_notices, *d.notices, *done.notices])
+            for plan, d, totals in zip(plans, detected, done.indexes)]
+
+
+def check_cost(summaries: list[dict], ceiling: float, plans: list[IndexPlan]) -> None:
+    """Stop the run, before any model call, when its plan costs more than the ceiling; say what and why."""
+    cost = sum(s["cost_usd"] for s in summaries)
+    if cost <= ceiling:
+        get_run_logger().info("the plan costs $%.4f, within the ceiling of $%.4f", cost, ceiling)
+        return
+    why = []
+    for plan, summary in zip(plans, summaries):
+        where = "" if plan.name is None else f" (variant {plan.name})"
+        why += [f"${c['cost_usd']:.4f} from {c['documents']} documents{where}: {c['cause']}" +
+                (f" (enricher now {make_enricher(plan.cfg.enrichment).fingerprint})"
+                 if c["cause"].startswith("enrichment settings") else "")
+                for c in summary["causes"] if c["cost_usd"] > 0]
+    msg = (f"run stopped before any model call, nothing written: its plan is estimated at ${cost:.4f}, above the "
+           f"ceiling of ${ceiling:.4f} (run.max_cost_usd or --max-cost-usd); " + "; ".join(why) +
+           ". See `inlet plan`; raise the ceiling or run with --allow-cost to go ahead")
+    raise CostCeilingError(msg)
+
+
+def index_run(cfg: InletConfig, run: RunStart, plans: list[IndexPlan], detected: list[Detected],
+              batches: list[list[str]], sizes: list[int], clock: Stopwatch, crawl_notices: list[str]) -> list[dict]:
+    """Do the batches' model work, commit, publish and report each index; return their run summaries."""
+    if batches:
+        prepare_model_cache(cfg, plans, clock)
+    writers = [Writer(commit_target(plan, d, run), d.documents, commit_rows=cfg.execution.commit_rows,
+                      batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=d.known)
+               for plan, d in zip(plans, detected)]
+    with cpu_pool_for(cfg.execution, sum(sizes)):  # its workers start while GX is imported
+        if batches and cfg.execution.task_runner == "thread" and any(p.cfg.quality.enabled for p in plans):
+            # GX's import (2-3 s, holding the interpreter) before the batches, not inside the first batch's
+            # validate, where it slowed every batch beside it; reported apart, as "import gx". Said in the
+            # run's log, so that the gap before the first batch in the UI is explained.
+            get_run_logger().info("loading great-expectations for the data-quality checks")
+            clock.run("import gx", gx.context)
+        done = clock.run("batches", run_batches, cfg, batches, run.run_dir, plans, writers)
+    clock.seconds = merge_usage(clock.seconds, done.seconds)  # summed: "import gx" may come from both
+    results = [writer.finish(ann_min_rows=plan.cfg.query.ann_min_rows)  # the last commit group, then publish
+               for plan, writer in zip(plans, writers)]
+    if batches:  # after publishing, not beside the index builds: the run's memory peak is there
+        tidy_model_cache(cfg, clock)
+    summaries = []
+    for plan, d, writer, totals, loaded in zip(plans, detected, writers, done.indexes, results):
+        if d.markers:  # what killed runs left, now committed again
+            inflight.settle(d.markers, worked_ids(read_artifact(d.documents, DOCUMENTS_SCHEMA)))
+        clock.seconds.update({k + _suffix(plan): v for k, v in writer.clock.seconds.items()})
+        summaries.append(report_stage(
+            report_info(plan, run), d.documents, totals, loaded, finished=datetime.now(UTC),
+            stage_seconds=clock.rounded(), notices=[*plan.notices, *crawl_notices, *d.notices, *done.notices]))
+    return summaries
 
 
 # --- the steps the flow names, in its order ------------------------------------------------------------------
@@ -142,13 +196,13 @@ class RunStart:
     run_dir: str
 
 
-def start_run(cfg: InletConfig) -> RunStart:
-    """Name the run, and hand the config's credentials and storage options to the libraries that read them."""
+def start_run(cfg: InletConfig, kind: str = "run") -> RunStart:
+    """Name the run (or plan), and hand the config's credentials and storage options to the libraries that read them."""
     use_secret_block(cfg.api_key_block)
     use_storage_options(cfg.store.artifacts, cfg.store.artifacts_options)
     use_store_options(cfg.store.uri, cfg.store.options)
     started = datetime.now(UTC)
-    run_id = new_run_id(started)
+    run_id = new_run_id(started, kind)
     return RunStart(run_id, started, join(cfg.store.artifacts, run_id))
 
 
@@ -181,6 +235,8 @@ def detect_index(plan: IndexPlan, listing: str, known_main: pa.Table, failed_sou
                  allow_deletions: bool) -> Detected:
     """Detect what changed for one index against its own documents table."""
     suffix = _suffix(plan)
+    # Before any model call: a run found out at its first commit, after paying for the batch's vectors.
+    check_vector_size(cfg.store.uri, plan.cfg.store.chunks_table, embedder_spec(plan.cfg.embedding).dim)
     settings_fp = clock.run("fingerprint" + suffix, settings_fingerprint, plan.cfg)
     known = known_main if plan.name is None else clock.run(  # the main index's rows were read before the crawl
         "read state" + suffix, known_documents, connect(cfg.store.uri), plan.cfg.store.documents_table)
@@ -274,8 +330,11 @@ class BatchTotals:
 
 
 def run_batches(cfg: InletConfig, batches: list[list[str]], run_dir: str, plans: list[IndexPlan],
-                writers: list[Writer]) -> BatchTotals:
-    """Run every batch on the task runner; hand each finished batch to the writers in order; return the totals."""
+                writers: list[Writer], dry_run: bool = False) -> BatchTotals:
+    """Run every batch on the task runner; hand each finished batch to the writers in order; return the totals.
+
+    dry_run: the batches estimate instead of calling models, and there are no writers.
+    """
     execution = cfg.execution
     totals = BatchTotals([IndexTotals() for _ in plans])
     if not batches:
@@ -289,8 +348,10 @@ def run_batches(cfg: InletConfig, batches: list[list[str]], run_dir: str, plans:
     with make_task_runner(execution) as runner, \
             stage_progress("batches", sum(len(b) for b in batches)) as advance:
         try:  # the Dask client connects on the first submission
-            futures = [runner.submit(batch_stage, {"number": n, "run_dir": run_dir, "extraction": cfg.extraction,
-                                                   "plans": plans, "storage": storage})
+            # A plan's batches are named apart: a run under a cost ceiling shows both in the UI.
+            stage = batch_stage.with_options(task_run_name="plan-batch-{number}") if dry_run else batch_stage
+            futures = [runner.submit(stage, {"number": n, "run_dir": run_dir, "extraction": cfg.extraction,
+                                                   "plans": plans, "storage": storage, "dry_run": dry_run})
                        for n in range(len(batches))]
         except OSError as exc:
             if execution.dask_address is None:  # not a cluster we were pointed at
@@ -303,13 +364,17 @@ def run_batches(cfg: InletConfig, batches: list[list[str]], run_dir: str, plans:
             breaker.observe(len(batches[n]), [e for work in done.indexes for e in work.errors])
             breaker.check()  # before this batch reaches a writer
             hold = breaker.undecided()
-            for writer, total, work in zip(writers, totals.indexes, done.indexes):
+            for writer, work in zip(writers, done.indexes):
                 writer.add(work, hold=hold)
+            for total, work in zip(totals.indexes, done.indexes):
                 total.extracted.append(work.extracted)
+                total.embedded.append(work.embedded)
+                total.rows += work.rows
                 total.texts = merge_usage(total.texts, work.texts)
                 total.usage = merge_usage(total.usage, work.usage)
                 total.validation = merge_validation(total.validation, work.validation)
-            totals.notices.extend(x for x in done.notices if x not in totals.notices)
+            totals.notices.extend(x for x in [*done.notices, *(n for w in done.indexes for n in w.notices)]
+                                  if x not in totals.notices)
             totals.seconds = merge_usage(totals.seconds, done.seconds)
             spans.append(done.span)
             advance(len(batches[n]))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 import providers  # noqa: F401 - offline switches before Prefect loads
-from schemas.arrow import RUN_COUNTS
+from schemas.arrow import PLAN_COUNTS, RUN_COUNTS
 from schemas.errors import InletError
 
 if TYPE_CHECKING:
@@ -47,6 +47,11 @@ def _print_summary(summary: dict) -> None:
     table.add_row("seconds per stage", ", ".join(f"{k} {v:.2f}" for k, v in summary["stage_seconds"].items()))
     table.add_row("table versions", ", ".join(f"{k} {v}" for k, v in summary["versions"].items()))
     _console().print(table)
+    _print_problems(summary)
+
+
+def _print_problems(summary: dict) -> None:
+    """The quarantined documents and the notices of a run or a plan, in yellow."""
     for row in summary["quarantined"]:
         typer.secho(f"  quarantined {row['doc_id']} ({row.get('stage', 'extract')}): {row['reason']}: "
                     f"{row['message']}", fg=typer.colors.YELLOW)
@@ -63,6 +68,9 @@ def ingest(
     as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars, info logs or summary; errors "
                                         "and warnings only (for cron).")] = False,
+    max_cost_usd: Annotated[float | None, typer.Option(help="Plan first; stop before any model call if the plan "
+                                                       "costs more (default: run.max_cost_usd).")] = None,
+    allow_cost: Annotated[bool, typer.Option(help="Go ahead whatever the plan costs.")] = False,
 ) -> None:
     """Run the ingest flow once on the configured sources, with a progress bar per long stage."""
     if quiet:  # read when Prefect is first imported, below
@@ -75,13 +83,61 @@ def ingest(
         load_config(config)  # fail on a bad config before Prefect starts
         with contextlib.nullcontext() if quiet or as_json else terminal_bars():
             summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined,
-                                  allow_deletions=allow_deletions)
+                                  allow_deletions=allow_deletions, max_cost_usd=max_cost_usd, allow_cost=allow_cost)
     except InletError as exc:
         _fail(exc)
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
     elif not quiet:
         _print_summary(summary)
+
+
+def _print_plan(plan: dict) -> None:
+    """Print a plan: what would change, the model work, the estimated cost by cause and the time."""
+    from rich.table import Table
+
+    table = Table("", "", title=f"plan {plan['plan_id']}: nothing written, no model called", show_header=False,
+                  title_justify="left")
+    for key in PLAN_COUNTS:
+        table.add_row(key.replace("_", " "), str(plan[key]))
+    table.add_row("models", f"{plan['model_mode']}: {plan['llm_calls']} enrich calls, {plan['llm_batch_requests']} "
+                  f"rows in {plan['llm_batch_jobs']} batch jobs; {plan['embed_calls']} embed calls, "
+                  f"{plan['embed_batch_jobs']} batch jobs")
+    table.add_row("tokens (est.)", f"{plan['llm_prompt_tokens']} prompt, {plan['llm_output_tokens']} output, "
+                  f"{plan['embed_tokens']} embedded")
+    table.add_row("cost (est.)", f"${plan['cost_usd']:.4f} (enrich ${plan['llm_cost_usd']:.4f}, embed "
+                  f"${plan['embed_cost_usd']:.4f}); cache spares ${plan['cost_saved_usd']:.4f}")
+    seconds = plan["estimated_seconds"]
+    table.add_row("time (est.)", f"{seconds:.0f} s (pace of the last {plan['pace_runs']} runs)" if seconds is not None
+                  else "unknown: no earlier run with work")
+    _console().print(table)
+    for cause in plan["causes"]:
+        typer.echo(f"  {cause['cause']}: {cause['documents']} documents, {cause['texts_enriched']} to enrich, "
+                   f"{cause['texts_embedded']} to embed, ${cause['cost_usd']:.4f}")
+    _print_problems(plan)
+
+
+@app.command()
+def plan(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    retry_quarantined: Annotated[bool, typer.Option(help="Plan to try quarantined documents again.")] = False,
+    allow_deletions: Annotated[bool, typer.Option(help="Plan deletions the mass-deletion guard would hold.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Show what `inlet ingest` would do and cost: crawl, detect, extract and chunk, no store write, no model call."""
+    from flows.ingest import ingest as ingest_flow
+    from schemas.config import load_config
+
+    try:
+        load_config(config)
+        summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined,
+                              allow_deletions=allow_deletions, dry_run=True)
+    except InletError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+    else:
+        _print_plan(summary)
 
 
 @app.command()

@@ -19,6 +19,7 @@ from providers.tokenizer import count_tokens
 
 MAX_TEXTS_PER_REQUEST = 100  # the API's limit for one batchEmbedContents call
 MAX_INPUT_TOKENS = 2048  # longer inputs are truncated by the model
+MAX_REQUEST_CHARS = 200_000  # characters of one embedding request past its first text (tasks/estimate.py counts alike)
 FULL_DIM = 3072  # gemini-embedding-001 vectors are unit length only at full size
 
 
@@ -39,7 +40,7 @@ class GeminiEmbedder:
 
     def __init__(self, *, api_key: str, model: str = "gemini-embedding-001", dim: int = 768,
                  task_type: str = "RETRIEVAL_DOCUMENT", base_url: str | None = None, timeout_ms: int = 60_000,
-                 attempts: int = 5, initial_delay_s: float = 1.0, max_request_chars: int = 200_000,
+                 attempts: int = 5, initial_delay_s: float = 1.0, max_request_chars: int = MAX_REQUEST_CHARS,
                  max_in_flight: int = 4, requests_per_minute: int | None = None,
                  tokens_per_minute: int | None = None, window_ms: int = 60_000) -> None:
         # The client's own retries ignore the server's retry delay, so ours replace them.

@@ -218,6 +218,10 @@ RUN_COUNTS = (
     "texts_enriched", "texts_enrich_failed", "texts_embedded", "texts_truncated",
     "texts_enrich_cached", "texts_embed_cached",  # distinct texts the model cache served instead of the model
 )
+# What a plan (`inlet plan`, a dry run) counts, named as the run that follows it reports the same things.
+PLAN_COUNTS = ("docs_new", "docs_changed", "docs_unchanged", "docs_deleted", "docs_held", "docs_refreshed",
+               "docs_quarantined", "chunks", "texts_enriched", "texts_enrich_cached", "texts_embedded",
+               "texts_embed_cached")
 # Model usage of a run; *_usd are estimates from the config's price table, the rest are counts.
 ENRICH_USAGE = ("llm_calls", "llm_retries", "llm_malformed", "llm_failures", "llm_prompt_tokens",
                 "llm_output_tokens", "llm_cached_tokens", "llm_batch_jobs", "llm_batch_requests", "llm_cost_usd",

@@ -424,6 +424,15 @@ class QualityConfig(_Strict):
         return value
 
 
+class RunConfig(_Strict):
+    """Limits a run checks before it calls any model."""
+
+    max_cost_usd: float | None = Field(
+        None, ge=0, description="Stop a run whose plan (`inlet plan`) is estimated to cost more than this, before "
+        "any model call and with nothing written; the error says what the plan costs and why. None: no ceiling. "
+        "A ceiling extracts and chunks the run's documents once more, for the plan.")
+
+
 class MaintenanceConfig(_Strict):
     """What the maintenance flow keeps and whether it repairs what its integrity check finds."""
 
@@ -541,6 +550,7 @@ class InletConfig(_Strict):
     embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
     pricing: PricingConfig = Field(default_factory=PricingConfig)
     query: QueryConfig = Field(default_factory=QueryConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
     maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
     api_key_block: str | None = Field(None, description="Prefect Secret block holding the Gemini API key, read "

@@ -102,5 +102,9 @@ class BatchPendingError(InletError):
     """A Gemini batch job outlived the run's wait; the next run resumes it rather than paying for it again."""
 
 
+class CostCeilingError(InletError):
+    """A run's plan costs more than run.max_cost_usd: it stopped before any model call and wrote nothing."""
+
+
 class QueryError(InletError, ValueError):
     """A search was asked for something the store cannot answer (bad mode, version, clearance, index)."""

@@ -33,6 +33,7 @@ from store.tables import (
     DOCUMENTS,
     IN_BATCH,
     QUARANTINE,
+    connect,
     ensure_columns,
     known_documents,
     open_table,
@@ -182,6 +183,13 @@ def stored_quarantine(db: lancedb.DBConnection, doc_ids: list[str], name: str = 
 
 
 # --- commits ----------------------------------------------------------------------------------
+
+
+def check_vector_size(store_uri: str, chunks_table: str, dim: int) -> None:
+    """Refuse, before any batch (a plan's too), a config whose vectors would not fit the chunks table."""
+    table = open_table(connect(store_uri), chunks_table)
+    if table is not None:
+        _check_vectors(table, dim)
 
 
 def _check_vectors(table: lancedb.table.Table, dim: int) -> None:

@@ -30,7 +30,7 @@ from filelock import FileLock
 from lancedb.index import BTree
 
 from runtime.failpoints import failpoint
-from schemas.arrow import EMBED, ENRICH, MODEL_CACHE_SCHEMA, model_cache_rows
+from schemas.arrow import EMBED, ENRICH, MODEL_CACHE_SCHEMA, conform, model_cache_rows
 from store.tables import connect, is_remote_store, open_table, select_one_per_key
 
 MODELS_LOCK = ".inlet-models.lock"
@@ -152,6 +152,44 @@ def prepare_cache(store_uri: str, name: str, chunk_tables: list[str]) -> int:
                     table.add(rows)
                     seeded += rows.num_rows
         return seeded
+
+
+def planned_rows(store_uri: str, name: str, chunk_tables: list[str], keys: Iterable[str], kind: str,
+                 columns: list[str]) -> pa.Table:
+    """cached_rows as a run would find them, read only: a store with no cache yet is looked up in the chunks
+    tables prepare_cache would seed it from (a plan writes nothing, so it cannot seed)."""
+    db = connect(store_uri)
+    if open_table(db, name) is not None:
+        return cached_rows(store_uri, name, keys, columns)
+    key, answer = ("enrich_key", "enrichment") if kind == ENRICH else ("embed_key", "vector")
+    wanted = pa.schema([MODEL_CACHE_SCHEMA.field(c) for c in columns])
+    keys = list(keys)
+    found = []
+    for table in (open_table(db, n) for n in chunk_tables):
+        if table is None or not {key, answer} <= set(table.schema.names):
+            continue
+        own = [c for c in columns if c in table.schema.names and c != "key"]
+        rows = select_one_per_key(table, key, keys, [key, *own], table.schema)
+        rows = rows.filter(pc.is_valid(rows[answer])) if answer in own else rows
+        found.append(pa.table({c: rows[key] if c == "key" else rows[c] if c in own
+                               else pa.nulls(rows.num_rows, wanted.field(c).type) for c in columns}))
+        keys = sorted(set(keys) - set(rows[key].to_pylist()))
+    return conform(pa.concat_tables(found), wanted) if found else wanted.empty_table()
+
+
+HISTORY_ROWS = 2_000  # earlier answers read to estimate an answer's tokens
+
+
+def earlier_answers(store_uri: str, name: str, fingerprint: str) -> pa.Table:
+    """Up to HISTORY_ROWS of an enricher's answers in the cache: (output_tokens, enrichment); empty without any."""
+    wanted = pa.schema([MODEL_CACHE_SCHEMA.field("output_tokens"), MODEL_CACHE_SCHEMA.field("enrichment")])
+    table = open_table(connect(store_uri), name)
+    if table is None:
+        return wanted.empty_table()
+    quoted = fingerprint.replace("'", "''")
+    rows = (table.search().where(f"kind = '{ENRICH}' AND fingerprint = '{quoted}'")
+            .select(wanted.names).limit(HISTORY_ROWS).to_arrow())
+    return conform(rows, wanted)
 
 
 def needs_tidy(store_uri: str, name: str) -> bool:

@@ -178,6 +178,8 @@ class IndexTotals:
     """One index's work over all the batches of a run, as the report counts it."""
 
     extracted: list[str] = field(default_factory=list)  # every batch's extracted artifact
+    embedded: list[str] = field(default_factory=list)  # every batch's embedded artifact (a plan's: its estimate)
+    rows: int = 0  # chunk rows over all batches
     texts: dict[str, int] = field(default_factory=dict)  # texts enriched, embedded, truncated, enrichment failed
     usage: dict[str, float] = field(default_factory=dict)  # model calls, tokens and dollars
     validation: list[dict] = field(default_factory=list)  # the data-quality checks' outcomes, summed

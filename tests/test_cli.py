@@ -92,3 +92,15 @@ def test_ingest_shows_a_bar_over_the_batches_and_a_summary_table_or_nothing_when
     quiet = _run("ingest", "--quiet", "--config", str(config), env=server_env)
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     assert quiet.stdout == "" and "| INFO" not in quiet.stderr and not re.search(r"batches\s.*\d+/\d+", quiet.stderr)
+
+
+def test_plan_prints_the_model_work_and_cost_and_changes_nothing(corpus, write_config, server_env):
+    config = write_config(corpus)
+    out = _run("plan", "--config", str(config), env=server_env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "nothing written, no model called" in out.stdout and "new documents: 5 documents" in out.stdout
+    assert "cost (est.)" in out.stdout and "time (est.)" in out.stdout
+    stopped = _run("ingest", "--config", str(config), "--max-cost-usd", "0", env=server_env)
+    assert stopped.returncode == 0, "a local model costs nothing: within any ceiling"
+    listed = _run("versions", "--config", str(config))
+    assert listed.returncode == 0 and listed.stdout.count("run-") == 1, "the plan is no run"
