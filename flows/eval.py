@@ -6,7 +6,7 @@ import csv
 import functools
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,9 +16,10 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows.datasets import Dataset, load_questions_csv
 from flows.ingest import DEFAULT_CONFIG, ingest
 from query.fusion import fuse_sides, ranked
-from query.metrics import mrr_at, ndcg_at, recall_at
+from query.metrics import match_gold, mrr_at, ndcg_at, recall_at
 from query.search import search
 from schemas.config import QueryConfig, load_config
 from schemas.errors import ConfigError
@@ -29,16 +30,6 @@ MODES = ("vector", "fulltext", "hybrid")
 K_CHUNKS = 30
 BOOTSTRAP = 1000  # resamples per interval
 EVAL_SOURCE = "eval"
-
-
-@dataclass
-class Dataset:
-    """Documents to index (empty when the config's own sources are the corpus), queries and judgements."""
-
-    name: str
-    documents: list[dict] = field(default_factory=list)  # {_id, title, text}
-    queries: dict[str, str] = field(default_factory=dict)
-    qrels: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -69,20 +60,6 @@ def load_beir(folder: Path, split: str = "test") -> Dataset:
     documents = [{"_id": str(d["_id"]), "title": d.get("title") or "", "text": d.get("text") or ""}
                  for d in _jsonl(folder / "corpus.jsonl")]
     return Dataset(folder.name, documents, {q: t for q, t in queries.items() if q in qrels}, qrels)
-
-
-def load_questions_csv(path: Path) -> Dataset:
-    """Read a CSV with columns question and gold (doc ids or paths, ';'-separated) over the config's own sources."""
-    queries, qrels = {}, {}
-    with path.open(encoding="utf-8", newline="") as fh:
-        reader = csv.DictReader(fh)
-        if not reader.fieldnames or not {"question", "gold"} <= set(reader.fieldnames):
-            msg = f"{path}: needs the columns question and gold, has {reader.fieldnames}"
-            raise ConfigError(msg)
-        for i, row in enumerate(reader, 1):
-            queries[str(i)] = row["question"]
-            qrels[str(i)] = {g.strip(): 1 for g in row["gold"].split(";") if g.strip()}
-    return Dataset(path.stem, [], queries, qrels)
 
 
 def load_dataset(path: str | Path) -> Dataset:
@@ -152,15 +129,6 @@ def _gold_id(doc_id: str, dataset: Dataset) -> str:
     return doc_id
 
 
-def _match_gold(ranked: list[str], gold: dict[str, int]) -> list[str]:
-    """Let CSV gold entries name a document by its id, or by a path its id ends with."""
-    out = []
-    for doc in ranked:
-        named = next((g for g in gold if doc == g or doc.endswith("/" + g) or doc.endswith(":" + g)), None)
-        out.append(named or doc)
-    return out
-
-
 def documents_in_order(chunk_ids: list[str], doc_of: dict[str, str]) -> list[str]:
     """Turn a chunk ranking into a document ranking: each document at its best chunk's place."""
     return list(dict.fromkeys(doc_of[c] for c in chunk_ids))
@@ -220,7 +188,7 @@ def per_query(runs: dict[str, QueryRun], dataset: Dataset, mode: str, k_chunks: 
     for qid, run in runs.items():
         docs = documents_in_order(mode_chunks(run, mode, k_chunks, fusion), run.doc_of)
         gold = dataset.qrels.get(qid, {})
-        docs = _match_gold(docs, gold) if not dataset.documents else docs
+        docs = match_gold(docs, gold) if not dataset.documents else docs
         values["ndcg@10"].append(ndcg_at(docs, gold, 10))
         values[f"recall@{k}"].append(recall_at(docs, gold, k))
         values["mrr@10"].append(mrr_at(docs, gold, 10))

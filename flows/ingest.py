@@ -13,8 +13,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import flow, get_run_logger
+from prefect.states import Failed
 
 from flows.batch import IndexPlan, batch_stage
+from flows.publishing import gate_questions, gate_stage, held_message
 from flows.runners import make_task_runner
 from flows.writer import Writer
 from providers import gx
@@ -30,7 +32,7 @@ from runtime.memory import release_memory
 from runtime.progress import stage_progress
 from schemas.arrow import DOCUMENTS_SCHEMA, WORK, Change
 from schemas.config import InletConfig, load_config
-from schemas.errors import ConfigError, CostCeilingError
+from schemas.errors import ConfigError, CostCeilingError, PublishHeldError
 from store import inflight
 from store.commit import CommitTarget, check_vector_size
 from store.model_cache import needs_tidy, prepare_cache
@@ -91,6 +93,8 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     """
     begin = time.perf_counter()
     cfg = load_config(config_path)
+    if cfg.publish.gate is not None and not dry_run:
+        gate_questions(cfg.publish.gate.questions, config_path)  # a missing or empty questions file fails now, not after the run
     run = start_run(cfg, "plan" if dry_run else "run")
     plans = index_plans(cfg, run.run_dir)
     clock = Stopwatch()
@@ -118,7 +122,13 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     if len(summaries) > 1:
         summary["variants"] = {plan.name: s for plan, s in zip(plans[1:], summaries[1:])}
     # The flow body alone; Prefect's own run set-up and teardown come on top of this.
-    return {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}
+    summary = {**summary, "pipeline_seconds": round(time.perf_counter() - begin, 3)}
+    held = {plan.name or "main": s["gate"] for plan, s in zip(plans, summaries)
+            if (s.get("gate") or {}).get("status") == "held"}
+    if held:  # committed and reported, not published: the UI shows the run as Held (a failed state: look at it)
+        message = held_message(run.run_id, held)
+        return Failed(name="Held", message=message, data=PublishHeldError(message, summary))
+    return summary
 
 
 def plan_run(cfg: InletConfig, run: RunStart, plans: list[IndexPlan], detected: list[Detected],
@@ -169,18 +179,22 @@ def index_run(cfg: InletConfig, run: RunStart, plans: list[IndexPlan], detected:
             clock.run("import gx", gx.context)
         done = clock.run("batches", run_batches, cfg, batches, run.run_dir, plans, writers)
     clock.seconds = merge_usage(clock.seconds, done.seconds)  # summed: "import gx" may come from both
-    results = [writer.finish(ann_min_rows=plan.cfg.query.ann_min_rows)  # the last commit group, then publish
+    # The last commit group, then publish; with a publish gate, tag only, and the gate publishes if it passes.
+    results = [writer.finish(ann_min_rows=plan.cfg.query.ann_min_rows, hold=plan.cfg.publish.gate is not None)
                for plan, writer in zip(plans, writers)]
+    gates = [gate_stage(plan.cfg, run.run_id, "ingest-publish-gate" + _suffix(plan).replace(" ", "-")).as_dict()
+             if loaded.held else None for plan, loaded in zip(plans, results)]
     if batches:  # after publishing, not beside the index builds: the run's memory peak is there
         tidy_model_cache(cfg, clock)
     summaries = []
-    for plan, d, writer, totals, loaded in zip(plans, detected, writers, done.indexes, results):
+    for plan, d, writer, totals, loaded, gate in zip(plans, detected, writers, done.indexes, results, gates):
         if d.markers:  # what killed runs left, now committed again
             inflight.settle(d.markers, worked_ids(read_artifact(d.documents, DOCUMENTS_SCHEMA)))
         clock.seconds.update({k + _suffix(plan): v for k, v in writer.clock.seconds.items()})
         summaries.append(report_stage(
             report_info(plan, run), d.documents, totals, loaded, finished=datetime.now(UTC),
-            stage_seconds=clock.rounded(), notices=[*plan.notices, *crawl_notices, *d.notices, *done.notices]))
+            stage_seconds=clock.rounded(), notices=[*plan.notices, *crawl_notices, *d.notices, *done.notices],
+            gate=gate))
     return summaries
 
 

@@ -73,7 +73,7 @@ class Writer:
             setattr(self.result, name, getattr(self.result, name) + getattr(done, name))
         self.result.versions.update(done.versions)
 
-    def finish(self, *, ann_min_rows: int) -> LoadResult:
+    def finish(self, *, ann_min_rows: int, hold: bool = False) -> LoadResult:
         """Commit the last group with the run's deletions, refresh indexes, tag and publish; return the totals.
 
         Both are task runs in every run, a no-op's too (its commit has nothing to write, its publish only tags
@@ -83,8 +83,9 @@ class Writer:
         target = self.target
         published = self.clock.run("publish", publish_stage, target.store_uri, target.chunks_table, target.run_id,
                                    fulltext_index=self._fulltext, ann_min_rows=ann_min_rows,
-                                   fulltext_language=target.fulltext_language)
+                                   fulltext_language=target.fulltext_language, hold=hold)
         self.result.indexes = published.indexes
+        self.result.held = published.held
         if published.version is not None:
             self.result.versions[target.chunks_table] = published.version
         return self.result

@@ -13,7 +13,7 @@ import typer
 
 import providers  # noqa: F401 - offline switches before Prefect loads
 from schemas.arrow import PLAN_COUNTS, RUN_COUNTS
-from schemas.errors import InletError
+from schemas.errors import InletError, PublishHeldError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -79,17 +79,25 @@ def ingest(
     from runtime.progress import terminal_bars
     from schemas.config import load_config
 
+    held = None
     try:
         load_config(config)  # fail on a bad config before Prefect starts
         with contextlib.nullcontext() if quiet or as_json else terminal_bars():
             summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined,
                                   allow_deletions=allow_deletions, max_cost_usd=max_cost_usd, allow_cost=allow_cost)
+    except PublishHeldError as exc:  # committed and reported, not published
+        summary, held = exc.summary, exc
     except InletError as exc:
         _fail(exc)
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
     elif not quiet:
         _print_summary(summary)
+    if held is not None:
+        for row in summary["gate"]["lost"] if summary.get("gate") else []:
+            typer.secho(f"  lost: {row['question']} (gold: {row['gold']})", fg=typer.colors.YELLOW)
+        typer.secho(f"held: {held}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(3)
 
 
 def _print_plan(plan: dict) -> None:
@@ -138,6 +146,40 @@ def plan(
         typer.echo(json.dumps(summary, indent=2, default=str))
     else:
         _print_plan(summary)
+
+
+@app.command()
+def publish(
+    run: Annotated[str, typer.Argument(help="The run id the publish gate held (see `inlet versions`).")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+) -> None:
+    """Publish a run the publish gate held: readers move to its version."""
+    from flows.publishing import publish_run
+    from schemas.config import load_config
+
+    try:
+        moved = publish_run(load_config(config), run)
+    except InletError as exc:
+        _fail(exc)
+    typer.echo(", ".join(f"{table}: version {v}" for table, v in moved.items()) + f" published ({run})")
+
+
+@app.command()
+def rollback(
+    target: Annotated[str, typer.Argument(help="A run id, or a chunks-table version a run tagged.")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+) -> None:
+    """Make the chunks and documents tables what they were after a run, as new versions readers see."""
+    from flows.publishing import rollback as rollback_store
+    from schemas.config import load_config
+
+    try:
+        done = rollback_store(load_config(config), target)
+    except InletError as exc:
+        _fail(exc)
+    for table, d in done.items():
+        typer.echo(f"{table}: version {d['version']} holds what version {d['restored']} held (after {d['run']}); "
+                   "readers see it. The next `inlet ingest` brings the sources back in.")
 
 
 @app.command()
@@ -215,10 +257,12 @@ def versions(variant: VariantOpt = None, config: ConfigOpt = DEFAULT_CONFIG) -> 
                   "chunks +", "chunks -", "embedded")
     for r in runs:
         table.add_row(r["run_id"] + ("" if r["tag"] else " (untagged)"), f"{r['started_at']:%Y-%m-%d %H:%M:%S}",
-                      r["status"], str(r["chunks_version"]), *(str(r[k]) for k in (
+                      r["status"] + (" *" if r["published"] else ""), str(r["chunks_version"]), *(str(r[k]) for k in (
                           "docs_new", "docs_changed", "docs_deleted", "docs_quarantined", "chunks_added",
                           "chunks_removed", "texts_embedded")))
     _console().print(table if runs else "no runs yet")
+    if runs:
+        typer.echo("* the version readers see (published)")
 
 
 @app.command()

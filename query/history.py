@@ -16,7 +16,7 @@ from query.search import (
     select_variant,
     store_connection,
 )
-from schemas.arrow import QUARANTINE_SCHEMA, RUN_COUNTS, conform
+from schemas.arrow import PUBLISHED_TAG, QUARANTINE_SCHEMA, RUN_COUNTS, conform
 from schemas.config import InletConfig, load_config
 from schemas.errors import StoreError
 
@@ -52,20 +52,23 @@ def quarantined(config: InletConfig | str | Path = DEFAULT_CONFIG, variant: str 
 
 
 def versions(config: InletConfig | str | Path = DEFAULT_CONFIG, variant: str | None = None) -> list[dict]:
-    """List the runs, oldest first: id, times, status, the chunks version it tagged, and its counts."""
+    """List the runs, oldest first: id, times, status, the chunks version it tagged, whether readers see that
+    version (published), its publish gate's verdict, and its counts."""
     cfg = select_variant(_config(config), variant)
     runs, chunks = _table(cfg, cfg.store.runs_table), _table(cfg, cfg.store.chunks_table)
     if runs is None:
         return []
     tags = {name: info["version"] for name, info in chunks.tags.list().items()} if chunks is not None else {}
+    published = tags.get(PUBLISHED_TAG)
     out = []
     for row in sorted(runs.to_arrow().to_pylist(), key=lambda r: r["started_at"]):
         table_versions = json.loads(row["versions"] or "{}")
         out.append({"run_id": row["run_id"], "started_at": row["started_at"], "finished_at": row["finished_at"],
                     "status": row["status"], "tag": row["run_id"] if row["run_id"] in tags else None,
                     "chunks_version": tags.get(row["run_id"], table_versions.get(cfg.store.chunks_table)),
-                    "versions": table_versions,
+                    "versions": table_versions, "gate": row.get("gate"),
                     **{k: row.get(k) for k in RUN_COUNTS}})
+        out[-1]["published"] = out[-1]["chunks_version"] is not None and out[-1]["chunks_version"] == published
     return out
 
 

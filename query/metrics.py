@@ -5,6 +5,15 @@ from __future__ import annotations
 import math
 
 
+def match_gold(ranked: list[str], gold: dict[str, int]) -> list[str]:
+    """Let gold entries name a document by its id, or by a path its id ends with (a questions CSV's form)."""
+    out = []
+    for doc in ranked:
+        named = next((g for g in gold if doc == g or doc.endswith("/" + g) or doc.endswith(":" + g)), None)
+        out.append(named or doc)
+    return out
+
+
 def recall_at(ranked: list[str], relevant: dict[str, int], k: int) -> float:
     """Share of the relevant documents found in the first k."""
     wanted = {d for d, grade in relevant.items() if grade > 0}

@@ -245,6 +245,10 @@ RUNS_SCHEMA = pa.schema([
     pa.field("stage_seconds", pa.string(), nullable=False),  # JSON {stage: seconds}
     pa.field("versions", pa.string(), nullable=False),  # JSON {table: version}
     pa.field("notices", _TAGS),
+    # The publish gate (publish.gate): passed or held, with the run's recall@k and the published version's.
+    pa.field("gate", pa.string()),
+    pa.field("gate_recall", pa.float64()),
+    pa.field("gate_baseline", pa.float64()),
 ])
 
 

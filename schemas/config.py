@@ -433,6 +433,26 @@ class RunConfig(_Strict):
         "A ceiling extracts and chunks the run's documents once more, for the plan.")
 
 
+class GateConfig(_Strict):
+    """A quality gate on publishing: a run whose new version loses too much recall on these questions is held."""
+
+    questions: Path = Field(description="CSV with columns question and gold (document ids or paths, ';'-separated), "
+                            "relative to the config file's folder.")
+    k: int = Field(10, ge=1, le=100, description="Recall is measured in the top k search results.")
+    max_drop: float | None = Field(0.02, ge=0, le=1, description="Hold the run if its recall@k falls more than "
+                                   "this below the published version's (None: no such rule).")
+    min_recall: float | None = Field(None, ge=0, le=1, description="Hold the run if its recall@k is below this "
+                                     "(None: no floor).")
+    mode: Literal["vector", "fulltext", "hybrid"] | None = Field(None, description="Search mode to measure "
+                                                                  "(default: query.mode).")
+
+
+class PublishConfig(_Strict):
+    """What a run must pass before readers move to its version."""
+
+    gate: GateConfig | None = Field(None, description="A recall gate on a questions CSV; None: every run publishes.")
+
+
 class MaintenanceConfig(_Strict):
     """What the maintenance flow keeps and whether it repairs what its integrity check finds."""
 
@@ -551,6 +571,7 @@ class InletConfig(_Strict):
     pricing: PricingConfig = Field(default_factory=PricingConfig)
     query: QueryConfig = Field(default_factory=QueryConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    publish: PublishConfig = Field(default_factory=PublishConfig)
     maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
     api_key_block: str | None = Field(None, description="Prefect Secret block holding the Gemini API key, read "
@@ -625,7 +646,11 @@ class InletConfig(_Strict):
         store = self.store.model_copy(update={"uri": uri, "artifacts": artifacts})
         prompt = self.enrichment.prompt
         enrichment = self.enrichment.model_copy(update={"prompt": _abs(prompt) if prompt else None})
-        return self.model_copy(update={"sources": sources, "store": store, "enrichment": enrichment})
+        gate = self.publish.gate
+        publish = (self.publish.model_copy(update={"gate": gate.model_copy(update={"questions": _abs(gate.questions)})})
+                   if gate is not None else self.publish)
+        return self.model_copy(update={"sources": sources, "store": store, "enrichment": enrichment,
+                                       "publish": publish})
 
     def fingerprint(self) -> str:
         """Return a short hash of the whole configuration."""

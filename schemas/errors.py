@@ -106,5 +106,13 @@ class CostCeilingError(InletError):
     """A run's plan costs more than run.max_cost_usd: it stopped before any model call and wrote nothing."""
 
 
+class PublishHeldError(InletError):
+    """A run committed, but the publish gate held its version back: readers keep the published one."""
+
+    def __init__(self, message: str, summary: dict) -> None:
+        super().__init__(message)
+        self.summary = summary  # the run summary, its "gate" included
+
+
 class QueryError(InletError, ValueError):
     """A search was asked for something the store cannot answer (bad mode, version, clearance, index)."""

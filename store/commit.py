@@ -72,6 +72,7 @@ class LoadResult:
     docs_quarantined: int = 0
     versions: dict[str, int] = field(default_factory=dict)
     indexes: dict[str, dict[str, int]] = field(default_factory=dict)  # per index: indexed and unindexed rows
+    held: bool = False  # the new version is tagged, not published: the publish gate decides
 
 
 # --- pure: build the rows to commit ----------------------------------------------------------

@@ -180,16 +180,28 @@ def planned_rows(store_uri: str, name: str, chunk_tables: list[str], keys: Itera
 HISTORY_ROWS = 2_000  # earlier answers read to estimate an answer's tokens
 
 
-def earlier_answers(store_uri: str, name: str, fingerprint: str) -> pa.Table:
-    """Up to HISTORY_ROWS of an enricher's answers in the cache: (output_tokens, enrichment); empty without any."""
+def earlier_answers(store_uri: str, name: str, fingerprint: str, family: str | None = None) -> pa.Table:
+    """Up to HISTORY_ROWS of an enricher's answers in the cache: (output_tokens, enrichment); empty without any.
+
+    family: a fingerprint prefix (kind and model) whose answers stand in when this enricher has none yet: a new
+    prompt version answers much as the one before it.
+    """
     wanted = pa.schema([MODEL_CACHE_SCHEMA.field("output_tokens"), MODEL_CACHE_SCHEMA.field("enrichment")])
     table = open_table(connect(store_uri), name)
     if table is None:
         return wanted.empty_table()
-    quoted = fingerprint.replace("'", "''")
-    rows = (table.search().where(f"kind = '{ENRICH}' AND fingerprint = '{quoted}'")
-            .select(wanted.names).limit(HISTORY_ROWS).to_arrow())
+    rows = wanted.empty_table()
+    for where in (f"fingerprint = '{_quoted(fingerprint)}'",
+                  *([f"starts_with(fingerprint, '{_quoted(family)}')"] if family else [])):
+        rows = (table.search().where(f"kind = '{ENRICH}' AND {where}").select(wanted.names)
+                .limit(HISTORY_ROWS).to_arrow())
+        if rows.num_rows:
+            break
     return conform(rows, wanted)
+
+
+def _quoted(text: str) -> str:
+    return text.replace("'", "''")
 
 
 def needs_tidy(store_uri: str, name: str) -> bool:

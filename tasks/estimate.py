@@ -4,7 +4,8 @@ Counts are exact where they follow from the chunks and the model cache (texts to
 Batch Mode jobs, embedding tokens, which Inlet counts itself with cl100k); tokens only the model reports are
 estimated: prompt tokens with cl100k, scaled by what Gemini reported for the batch's chunks the cache has
 answers for (prompt_scale), and output tokens as the mean answer this enricher gave before (the model cache
-keeps each answer's tokens), else DEFAULT_OUTPUT_TOKENS.
+keeps each answer's tokens), else one of the same kind and model (a new prompt version), else
+DEFAULT_OUTPUT_TOKENS.
 A chunk whose enrichment is still to be made has an embedding input nobody knows yet (text + enrichment): it
 counts as one text to embed per distinct enrichment, of its text's tokens plus the estimated answer's.
 """
@@ -53,6 +54,11 @@ class Estimate:
     doc_enriched: dict[str, int] = field(default_factory=dict)
     doc_embedded: dict[str, int] = field(default_factory=dict)
     notices: list[str] = field(default_factory=list)
+
+
+def answer_family(fingerprint: str) -> str:
+    """The part of an enricher's fingerprint that names its kind and model (gemini-questions:gemini-2.5-flash:)."""
+    return ":".join(fingerprint.split(":")[:2]) + ":"
 
 
 def answer_tokens(answers: pa.Table) -> tuple[float, float] | None:
@@ -267,7 +273,8 @@ def estimate_stage(chunks_path: str, extracted_path: str, enrichment: Enrichment
     work = enrich_work(chunks, extracted, enricher, enrichment.kind)
     found = planned_rows(store_uri, cache_table, chunk_tables, work.keys, ENRICH,
                          ["key", "enrichment", "prompt_tokens", "cost_usd"])
-    history = answer_tokens(earlier_answers(store_uri, cache_table, enricher.fingerprint)) if enricher else None
+    history = answer_tokens(earlier_answers(store_uri, cache_table, enricher.fingerprint,
+                                            answer_family(enricher.fingerprint))) if enricher else None
     spec = embedder_spec(embedding)
     titles = dict(zip(extracted["doc_id"].to_pylist(), extracted["title"].to_pylist()))
     inputs = embed_inputs(work, dict(zip(found["key"].to_pylist(), found["enrichment"].to_pylist())),

@@ -59,14 +59,16 @@ class Published:
 
     indexes: dict[str, dict[str, int]]
     version: int | None  # None: the run made no chunks table
+    held: bool = False  # tagged, not published: the publish gate decides
 
 
 @task(name="publish", cache_policy=NO_CACHE)
 def publish_stage(store_uri: str, chunks_table: str, run_id: str, *, fulltext_index: bool, ann_min_rows: int,
-                  fulltext_language: str = "auto") -> Published:
+                  fulltext_language: str = "auto", hold: bool = False) -> Published:
     """Bring the chunks table's indexes up to date, then tag the version and publish it to readers.
 
-    A version readers already see (a run that changed nothing) is only tagged with the run id.
+    A version readers already see (a run that changed nothing) is only tagged with the run id. hold (a publish
+    gate is set): tag the new version only; the gate publishes it if it passes.
     """
     table = open_table(connect(store_uri), chunks_table)
     if table is None:
@@ -78,6 +80,11 @@ def publish_stage(store_uri: str, chunks_table: str, run_id: str, *, fulltext_in
     # Before the tag, so that the run's tagged version carries current indexes.
     indexes = refresh_indexes(table, fulltext=fulltext_index, ann_min_rows=ann_min_rows, language=fulltext_language)
     failpoint("indexed")
+    if hold:
+        tag_version(table, run_id)
+        get_run_logger().info("version %d tagged %s; the publish gate decides whether readers move to it",
+                              table.version, run_id)
+        return Published(indexes, table.version, held=True)
     publish(table, run_id)
     failpoint("published")
     return Published(indexes, table.version)

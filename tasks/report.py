@@ -108,11 +108,14 @@ def summarize_run(documents: pa.Table, extracted: pa.Table, texts: dict[str, int
 
 
 def runs_row(summary: dict, *, run_id: str, started: datetime, finished: datetime, status: str, config_fp: str,
-             stage_seconds: dict[str, float], versions: dict[str, int], notices: list[str]) -> pa.Table:
+             stage_seconds: dict[str, float], versions: dict[str, int], notices: list[str],
+             gate: dict | None = None) -> pa.Table:
     """Build the one-row runs table for this run."""
     row = {"run_id": run_id, "started_at": started, "finished_at": finished, "status": status,
            "config_fp": config_fp, **{k: summary[k] for k in (*RUN_COUNTS, *RUN_USAGE)},
-           "stage_seconds": json.dumps(stage_seconds), "versions": json.dumps(versions), "notices": notices}
+           "stage_seconds": json.dumps(stage_seconds), "versions": json.dumps(versions), "notices": notices,
+           "gate": gate["status"] if gate else None, "gate_recall": gate["recall"] if gate else None,
+           "gate_baseline": gate["baseline"] if gate else None}
     return pa.Table.from_pylist([row], schema=RUNS_SCHEMA)
 
 
@@ -187,22 +190,30 @@ class IndexTotals:
 
 @task(name="report", cache_policy=NO_CACHE)
 def report_stage(run: RunInfo, documents_path: str, totals: IndexTotals, load: LoadResult, *, finished: datetime,
-                 stage_seconds: dict[str, float], notices: list[str]) -> dict:
-    """Append the run to the runs table, write it as the run artifact and return the run summary."""
+                 stage_seconds: dict[str, float], notices: list[str], gate: dict | None = None) -> dict:
+    """Append the run to the runs table, write it as the run artifact and return the run summary.
+
+    gate: the publish gate's result, when one was set and the run had a new version; a held run's status is held.
+    """
     validation = totals.validation
     extracted = (pa.concat_tables([read_artifact(p, EXTRACTED_SCHEMA) for p in totals.extracted])
                  if totals.extracted else EXTRACTED_SCHEMA.empty_table())
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
     summary = summarize_run(documents, extracted, totals.texts, load, totals.usage)
     notices = [*notices, *declared_levels(documents, extracted)[1]]
-    row = runs_row(summary, run_id=run.run_id, started=run.started, finished=finished, status="completed",
-                   config_fp=run.config_fp, stage_seconds=stage_seconds, versions=load.versions, notices=notices)
+    held = gate is not None and gate["status"] == "held"
+    row = runs_row(summary, run_id=run.run_id, started=run.started, finished=finished,
+                   status="held" if held else "completed", config_fp=run.config_fp, stage_seconds=stage_seconds,
+                   versions=load.versions, notices=notices, gate=gate)
     write_artifact(row, run.run_dir, "run", RUNS_SCHEMA)
     open_runs_table(connect(run.store_uri), run.runs_table).add(row)
     failpoint("reported")
     # Shown on the flow run's Artifacts tab; one stable key per artifact keeps the history together.
-    create_table_artifact(key=run.artifact_key, description=f"Inlet run {run.run_id}",
-                          table=summary_table(summary, stage_seconds, load.versions, run.run_id, validation))
+    rows = summary_table(summary, stage_seconds, load.versions, run.run_id, validation)
+    if gate is not None:
+        rows += [{"metric": "gate", "value": gate["status"]}, {"metric": "gate recall", "value": gate["recall"]},
+                 {"metric": "gate baseline", "value": gate["baseline"]}]
+    create_table_artifact(key=run.artifact_key, description=f"Inlet run {run.run_id}", table=rows)
     if has_quarantine_report(summary["quarantined"], notices, validation):
         create_markdown_artifact(key=run.artifact_key.replace("summary", "quarantine"),
                                  description=f"Inlet run {run.run_id}: quarantined documents, validation, notices",
@@ -212,4 +223,4 @@ def report_stage(run: RunInfo, documents_path: str, totals: IndexTotals, load: L
     for notice in notices:
         logger.warning(notice)
     return {"run_id": run.run_id, **summary, "stage_seconds": stage_seconds, "versions": load.versions,
-            "indexes": load.indexes, "notices": notices, "validation": validation}
+            "indexes": load.indexes, "notices": notices, "validation": validation, "gate": gate}

@@ -94,6 +94,15 @@ def test_plan_counts_batch_mode_jobs_as_the_run_then_submits_them(write_config, 
     _same_counts(plan, run)
     assert run["llm_batch_jobs"] == 1 and run["embed_batch_jobs"] == 1
 
+    # With the enricher's answers in the cache, the estimate of an edit's Batch Mode bill is close.
+    guide = corpus / "guides" / "boat-maintenance.md"
+    guide.write_text(guide.read_text().replace("2% hardener", "3% hardener"))
+    plan = ingest(config_path=str(config), dry_run=True)
+    run = ingest(config_path=str(config))
+    _same_counts(plan, run)
+    assert plan["llm_batch_jobs"] == run["llm_batch_jobs"] == 1
+    assert plan["cost_usd"] == pytest.approx(run["cost_usd"], rel=0.1)
+
 
 @pytest.mark.flow
 @pytest.mark.usefixtures("prefect_harness")
