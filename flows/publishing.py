@@ -76,8 +76,10 @@ def held_message(run_id: str, gates: dict[str, dict]) -> str:
     for index, gate in gates.items():
         lost = "; ".join(q["question"] for q in gate["lost"][:5])
         parts.append(f"{index}: {gate['reason']}" + (f"; lost: {lost}" if lost else ""))
-    return (f"run {run_id} was not published (readers keep version "
-            f"{next(iter(gates.values()))['baseline_version']}): " + " | ".join(parts) +
+    kept = next(iter(gates.values()))["baseline_version"]
+    readers = (f"readers keep version {kept}" if kept is not None
+               else "no version was published before it: readers see the table's latest")
+    return (f"run {run_id} was not published ({readers}): " + " | ".join(parts) +
             f". `inlet publish {run_id}` publishes it anyway")
 
 

@@ -69,6 +69,7 @@ def test_a_held_run_is_published_by_hand(write_config, corpus, tmp_path):
         ingest(config_path=str(config))
     run_id = held.value.summary["run_id"]
     assert "below the floor" in str(held.value) and f"inlet publish {run_id}" in str(held.value)
+    assert "no version was published before it" in str(held.value), "a first run has no version to keep"
     moved = publish_run(load_config(config), run_id)
     chunks = lancedb.connect(str(load_config(config).store.uri)).open_table("chunks")
     assert moved == {"chunks": chunks.tags.get_version(run_id)} == {"chunks": chunks.tags.get_version("published")}
