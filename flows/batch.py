@@ -62,6 +62,7 @@ class IndexWork:
     validation: list[dict]  # the data-quality checks' outcomes
     errors: list[DocumentFailure]  # documents quarantined for an unexpected error (the systemic breaker counts)
     notices: list[str] = field(default_factory=list)  # a plan's: what its estimate had to assume
+    pending: list[str] = field(default_factory=list)  # a plan's: the model-cache keys this index would pay for
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,12 @@ class BatchResult:
 
 
 def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, shared: bool,
-                 clock: Stopwatch, dry_run: bool = False, chunk_tables: tuple[str, ...] = ()) -> IndexWork:
-    """Chunk, refresh, enrich, embed and validate one batch for one index; return its artifacts, counts and usage."""
+                 clock: Stopwatch, dry_run: bool = False, chunk_tables: tuple[str, ...] = (),
+                 earlier: list[str] | None = None) -> IndexWork:
+    """Chunk, refresh, enrich, embed and validate one batch for one index; return its artifacts, counts and usage.
+
+    earlier (a plan): the model-cache keys the batch's earlier indexes pay for, which this one will find cached.
+    """
     cfg, here = plan.cfg, batch_dir(plan.run_dir, number)
     store, table = cfg.store.uri, cfg.store.chunks_table
     dim = embedder_spec(cfg.embedding).dim
@@ -97,9 +102,9 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
     chunks, extracted = timed("refresh", refresh_stage, documents, chunks, extracted, store, table, here)
     if dry_run:  # a plan: what enriching and embedding would ask of the models, none of them called
         est = timed("estimate", estimate_stage, chunks, extracted, cfg.enrichment, cfg.embedding, cfg.pricing, store,
-                    cfg.store.cache_table, here, plan.jobs_dir, list(chunk_tables))
+                    cfg.store.cache_table, here, plan.jobs_dir, list(chunk_tables), earlier)
         return IndexWork(extracted, est.path, est.rows, est.texts, est.usage,
-                         [], unexpected_errors(read_artifact(extracted, EXTRACTED_SCHEMA)), est.notices)
+                         [], unexpected_errors(read_artifact(extracted, EXTRACTED_SCHEMA)), est.notices, est.pending)
     with _MODELS, models_lock(store):
         enriched = timed("enrich", enrich_stage, chunks, extracted, cfg.enrichment, cfg.pricing, store,
                           cfg.store.cache_table, here, plan.jobs_dir)
@@ -141,7 +146,10 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
         elements, extracted, notices = clock.run("extract", extract_stage, todo, extraction, here, storage)
         failpoint("batch-extracted")
         tables = tuple(p.cfg.store.chunks_table for p in plans)  # what a store without a model cache is seeded from
-        results = [_index_batch(plan, number, elements, extracted, len(plans) > 1, clock, dry_run, tables)
-                   for plan in plans]
+        results: list[IndexWork] = []
+        for plan in plans:  # in order: a later index finds in the cache what an earlier one paid for
+            earlier = [k for done in results for k in done.pending]
+            results.append(_index_batch(plan, number, elements, extracted, len(plans) > 1, clock, dry_run, tables,
+                                        earlier))
     failpoint("batch-validated")
     return BatchResult(results, notices, clock.seconds, (began, time.time()))

@@ -8,6 +8,10 @@ keeps each answer's tokens), else one of the same kind and model (a new prompt v
 DEFAULT_OUTPUT_TOKENS.
 A chunk whose enrichment is still to be made has an embedding input nobody knows yet (text + enrichment): it
 counts as one text to embed per distinct enrichment, of its text's tokens plus the estimated answer's.
+Within a batch the indexes (main, then each variant) run in order, so a later index finds in the cache what an
+earlier one paid for: the keys an earlier index's estimate left pending count as cached for the later ones.
+A text repeated in documents of different batches is counted in each batch (the run pays for it once, in
+whichever batch comes first): there a plan's count is an upper bound.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class Estimate:
     doc_enriched: dict[str, int] = field(default_factory=dict)
     doc_embedded: dict[str, int] = field(default_factory=dict)
     notices: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)  # the enrichment and embedding keys this batch pays for
 
 
 def answer_family(fingerprint: str) -> str:
@@ -73,9 +78,12 @@ def answer_tokens(answers: pa.Table) -> tuple[float, float] | None:
 
 def enrichment_estimate(work: EnrichWork, found: pa.Table, enricher: Enricher, cfg: EnrichmentConfig,
                         pricing: PricingConfig, ledger: JobLedger, output_tokens: float,
-                        ) -> tuple[dict, dict[str, float]]:
-    """The enrichment usage of a batch (ENRICH_USAGE keys) and each pending key's cost, no call made."""
-    cached = set(found["key"].to_pylist())
+                        earlier: frozenset[str] = frozenset()) -> tuple[dict, dict[str, float]]:
+    """The enrichment usage of a batch (ENRICH_USAGE keys) and each pending key's cost, no call made.
+
+    earlier: keys an earlier index of the batch pays for: the cache will hold their answers by then.
+    """
+    cached = set(found["key"].to_pylist()) | earlier
     todo: dict[str, int] = {}  # each pending key once, at its first chunk
     for row, key in enumerate(work.keys):
         if key not in cached and key not in todo:
@@ -140,7 +148,7 @@ def embed_inputs(work: EnrichWork, enrichments: dict[str, str], pending: set[str
         title = (titles.get(doc) or "") if spec.uses_titles else None
         enrich = work.keys[row] if work.keys else None
         if enrich is not None and enrich in pending:
-            keys.append(f"pending:{enrich}")  # one enrichment answer, one embedding input
+            keys.append(f"pending:{spec.fingerprint}:{enrich}")  # one enrichment answer, one embedding input
             known.append(False)
             tokens.append(count_tokens(text + delimiter) + extra)
             chars.append(len(text) + len(delimiter) + 4 * extra)
@@ -171,10 +179,16 @@ def embed_calls(todo: list[int], inputs: EmbedInputs, batch_size: int) -> int:
 
 
 def embedding_estimate(inputs: EmbedInputs, found: pa.Table, cfg: EmbeddingConfig, spec: EmbedderSpec,
-                       pricing: PricingConfig, ledger: JobLedger) -> tuple[dict, dict[str, float], int]:
-    """The embedding usage of a batch (EMBED_USAGE keys), each pending key's cost and the vectors the cache serves."""
+                       pricing: PricingConfig, ledger: JobLedger, earlier: frozenset[str] = frozenset(),
+                       ) -> tuple[dict, dict[str, float], int]:
+    """The embedding usage of a batch (EMBED_USAGE keys), each pending key's cost and the vectors the cache serves.
+
+    earlier: keys an earlier index of the batch pays for, served from the cache by then.
+    """
     served = vectors_of(found, spec.dim)
     have = set(served["embed_key"].to_pylist())
+    also = {k for k in inputs.keys if k in earlier and k not in have}
+    have |= also
     first: dict[str, int] = {}
     for row, key in enumerate(inputs.keys):
         if key not in have and key not in first:
@@ -184,7 +198,7 @@ def embedding_estimate(inputs: EmbedInputs, found: pa.Table, cfg: EmbeddingConfi
     saved = found.filter(pc.is_in(found["key"], pa.array(sorted(kept), pa.string()))) if kept else found.slice(0, 0)
     usage["embed_saved_usd"] = round(float(pc.sum(saved["cost_usd"]).as_py() or 0.0), 9)
     if cfg.kind != "gemini" or not first:  # a local embedder: no calls to count, nothing to pay
-        return usage, dict.fromkeys(first, 0.0), served.num_rows
+        return usage, dict.fromkeys(first, 0.0), served.num_rows + len(also)
     # Batch Mode is decided on the known inputs' keys (a resumable job holds those); the count includes the rest.
     batch = cfg.batch.mode != "never" and (cfg.batch.mode == "always" or len(first) >= cfg.batch.min_rows or
                                            batch_polling(cfg.batch, ledger, "embed",
@@ -196,31 +210,35 @@ def embedding_estimate(inputs: EmbedInputs, found: pa.Table, cfg: EmbeddingConfi
     usage |= {"embed_tokens": tokens, "embed_cost_usd": embed_cost(pricing, cfg.model, tokens, tokens if batch else 0)}
     usage |= ({"embed_batch_jobs": 1} if batch
               else {"embed_calls": embed_calls(list(first.values()), inputs, cfg.batch_size)})
-    return usage, each, served.num_rows
+    return usage, each, served.num_rows + len(also)
 
 
 def estimate_batch(work: EnrichWork, enricher: Enricher | None, found: pa.Table, history: tuple[float, float] | None,
                    vectors: pa.Table, inputs: EmbedInputs, enrichment: EnrichmentConfig, embedding: EmbeddingConfig,
-                   pricing: PricingConfig, ledger: JobLedger) -> Estimate:
+                   pricing: PricingConfig, ledger: JobLedger, earlier: frozenset[str] = frozenset()) -> Estimate:
     """What a batch's chunks would ask of the enricher and the embedder, from what the model cache holds.
 
     found: the cache's enrichments for work.keys; history: this enricher's mean answer tokens (answer_tokens);
-    vectors: the cache's vectors for the inputs known now (inputs, from embed_inputs).
+    vectors: the cache's vectors for the inputs known now (inputs, from embed_inputs); earlier: the enrichment
+    and embedding keys an earlier index of this batch pays for (Estimate.pending of its estimate).
     """
     est = Estimate()
     if enricher is not None and history is None and getattr(enricher, "usage", None) is not None:
         est.notices.append(f"no earlier answer of {enricher.fingerprint}: each answer is estimated at "
                            f"{DEFAULT_OUTPUT_TOKENS} output tokens")
     output_each = history[0] if history else DEFAULT_OUTPUT_TOKENS
-    llm, enrich_each = (enrichment_estimate(work, found, enricher, enrichment, pricing, ledger, output_each)
+    llm, enrich_each = (enrichment_estimate(work, found, enricher, enrichment, pricing, ledger, output_each, earlier)
                         if enricher is not None else (dict.fromkeys(ENRICH_USAGE, 0), {}))
-    emb, embed_each, served = embedding_estimate(inputs, vectors, embedding, embedder_spec(embedding), pricing, ledger)
+    emb, embed_each, served = embedding_estimate(inputs, vectors, embedding, embedder_spec(embedding), pricing, ledger,
+                                                 earlier)
     docs = work.chunks["doc_id"].to_pylist()
     _by_document(est, docs, work.keys, enrich_each, "doc_enriched")
     _by_document(est, docs, inputs.keys, embed_each, "doc_embedded")
     est.texts = {"texts_enriched": len(enrich_each), "texts_embedded": len(embed_each),
-                 "texts_enrich_cached": found.num_rows, "texts_embed_cached": served}
+                 "texts_enrich_cached": found.num_rows + len(set(work.keys) & earlier - set(found["key"].to_pylist())),
+                 "texts_embed_cached": served}
     est.usage = llm | emb
+    est.pending = sorted(enrich_each.keys() | embed_each.keys())
     return est
 
 
@@ -257,15 +275,17 @@ class Estimated:
     texts: dict[str, int]
     usage: dict[str, float]
     notices: list[str]
+    pending: list[str]  # keys this batch's index pays for: cached for the batch's later indexes
 
 
 @task(name="estimate", cache_policy=NO_CACHE)
 def estimate_stage(chunks_path: str, extracted_path: str, enrichment: EnrichmentConfig, embedding: EmbeddingConfig,
                    pricing: PricingConfig, store_uri: str, cache_table: str, run_dir: str, jobs_dir: str,
-                   chunk_tables: list[str]) -> Estimated:
+                   chunk_tables: list[str], earlier: list[str] | None = None) -> Estimated:
     """Count what enriching and embedding this batch would cost, from the model cache; call no model.
 
-    chunk_tables: every index's, which a store without a cache yet would be seeded from (planned_rows).
+    chunk_tables: every index's, which a store without a cache yet would be seeded from (planned_rows);
+    earlier: the keys the batch's earlier indexes pay for (their Estimated.pending).
     """
     chunks = read_artifact(chunks_path, CHUNKS_SCHEMA)
     extracted = read_artifact(extracted_path, EXTRACTED_SCHEMA)
@@ -283,9 +303,9 @@ def estimate_stage(chunks_path: str, extracted_path: str, enrichment: Enrichment
     vectors = planned_rows(store_uri, cache_table, chunk_tables, [k for k, ok in zip(inputs.keys, inputs.known) if ok],
                            EMBED, ["key", "truncated", "vector", "cost_usd"])
     est = estimate_batch(work, enricher, found, history, vectors, inputs, enrichment, embedding, pricing,
-                         JobLedger(Path(jobs_dir)))
+                         JobLedger(Path(jobs_dir)), frozenset(earlier or ()))
     get_run_logger().info("%d chunks: %d texts to enrich (%d cached), %d to embed (%d cached); no model called",
                           chunks.num_rows, est.texts["texts_enriched"], est.texts["texts_enrich_cached"],
                           est.texts["texts_embedded"], est.texts["texts_embed_cached"])
     path = write_artifact(estimate_table(est), run_dir, "estimate", ESTIMATE_SCHEMA)
-    return Estimated(path, chunks.num_rows, est.texts, est.usage, est.notices)
+    return Estimated(path, chunks.num_rows, est.texts, est.usage, est.notices, est.pending)

@@ -201,3 +201,15 @@ def test_vectors_that_would_not_fit_the_table_are_refused_before_any_batch(write
         with pytest.raises(EmbedderMismatchError, match="holds 64-dim vectors but this config embeds 32-dim"):
             ingest(config_path=str(config), dry_run=dry_run)
     assert set(runs.glob("*/batches")) == before, "refused before any batch was extracted"
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_plan_counts_each_index_variant_as_its_run_does(write_config, corpus):
+    config = write_config(corpus, variants={"small": {"chunking": {"max_tokens": 60, "overlap_tokens": 10}}})
+    plan = ingest(config_path=str(config), dry_run=True)
+    assert _tables(config) == [], "a plan writes no variant's tables either"
+    run = ingest(config_path=str(config))
+    _same_counts(plan, run)
+    _same_counts(plan["variants"]["small"], run["variants"]["small"])
+    assert plan["variants"]["small"]["chunks"] == run["variants"]["small"]["chunks_added"] > plan["chunks"]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import lancedb
 import pytest
+from prefect import get_client
 
 from flows.ingest import ingest
 from flows.publishing import publish_run, rollback
@@ -65,11 +66,15 @@ def test_a_held_run_is_published_by_hand(write_config, corpus, tmp_path):
     questions.write_text("question,gold\nWhere can I park my boat trailer?,harbour-faq.txt\n"
                          "Where is the clubhouse bar?,bar-menu.md\n", encoding="utf-8")
     config = write_config(corpus, publish={"gate": {"questions": str(questions), "min_recall": 0.9}})
+    state = ingest(config_path=str(config), return_state=True)
+    assert (state.type.value, state.name) == ("FAILED", "Held"), "the UI shows a held run as needing attention"
     with pytest.raises(PublishHeldError) as held:
-        ingest(config_path=str(config))
+        state.result()
     run_id = held.value.summary["run_id"]
     assert "below the floor" in str(held.value) and f"inlet publish {run_id}" in str(held.value)
     assert "no version was published before it" in str(held.value), "a first run has no version to keep"
+    recorded = get_client(sync_client=True).read_flow_run(state.state_details.flow_run_id).state
+    assert (recorded.type.value, recorded.name) == ("FAILED", "Held"), "the server records the Held state"
     moved = publish_run(load_config(config), run_id)
     chunks = lancedb.connect(str(load_config(config).store.uri)).open_table("chunks")
     assert moved == {"chunks": chunks.tags.get_version(run_id)} == {"chunks": chunks.tags.get_version("published")}
