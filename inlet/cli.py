@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from query.search import SearchResult
+    from query.service import KnowledgeBase
+    from schemas.config import InletConfig
 
 app = typer.Typer(help="Keep a LanceDB knowledge base fresh and search it.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -443,6 +445,85 @@ def serve(
     except InletError as exc:
         _fail(exc)
     prefect_serve(*deployments)
+
+
+ClearanceOpt = Annotated[str | None, typer.Option(help="Clearance of every caller: public, internal, restricted or "
+                                                  "confidential (default: serving.clearance).")]
+CallerOpt = Annotated[str | None, typer.Option(help="Caller name in the access log (default: serving.caller).")]
+LogOpt = Annotated[Path | None, typer.Option("--access-log", help="Access log file (default: serving.access_log).")]
+
+
+def _knowledge_base(config: Path, access_log: Path | None) -> tuple[InletConfig, KnowledgeBase]:
+    """The config and a logged KnowledgeBase over its store."""
+    from query.service import open_knowledge_base
+    from schemas.config import load_config
+
+    cfg = load_config(config)
+    return cfg, open_knowledge_base(cfg, access_log)
+
+
+@app.command()
+def mcp(
+    http: Annotated[str | None, typer.Option(help="Serve streamable HTTP on HOST:PORT (path /mcp) instead of "
+                                             "stdio.")] = None,
+    clearance: ClearanceOpt = None,
+    caller: CallerOpt = None,
+    access_log: LogOpt = None,
+    config: ConfigOpt = DEFAULT_CONFIG,
+) -> None:
+    """Serve the knowledge base to agents as MCP tools: search, get_context, list_sources, versions.
+
+    Over stdio by default (an MCP client starts it); the clearance is fixed here, never by a tool argument.
+    """
+    from query.mcp_server import build_server, parse_address
+    from query.service import Caller
+
+    try:
+        cfg, kb = _knowledge_base(config, access_log)
+        who = Caller(caller or cfg.serving.caller, clearance or cfg.serving.clearance)
+        address = parse_address(http) if http else None
+    except (InletError, ValueError) as exc:
+        _fail(exc)
+    server = build_server(kb, who)
+    typer.echo(f"inlet mcp: {'http://%s:%d/mcp' % address if address else 'stdio'}, caller {who.name}, clearance "
+               f"{who.clearance}, access log {kb.log.path}", err=True)  # stdout is the protocol's on stdio
+    if address is None:
+        server.run("stdio")
+    else:
+        server.run("streamable-http", host=address[0], port=address[1])
+
+
+@app.command()
+def api(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    keys: Annotated[Path | None, typer.Option(help="API keys file (default: serving.api_keys); each request then "
+                                              "needs Authorization: Bearer KEY.")] = None,
+    clearance: ClearanceOpt = None,
+    caller: CallerOpt = None,
+    access_log: LogOpt = None,
+    config: ConfigOpt = DEFAULT_CONFIG,
+) -> None:
+    """Serve the knowledge base as an HTTP JSON API: POST /search, GET /context/ID, /sources, /versions; docs at /docs."""
+    import uvicorn
+
+    from query.http_api import build_app
+    from query.service import Caller
+    from schemas.config import load_api_keys
+
+    try:
+        cfg, kb = _knowledge_base(config, access_log)
+        keys_file = keys or cfg.serving.api_keys
+        api_keys = load_api_keys(keys_file) if keys_file else None
+        if api_keys and (clearance or caller):
+            _fail(ValueError("--clearance and --caller are for a server without a keys file: each key has its own"))
+        who = Caller(caller or cfg.serving.caller, clearance or cfg.serving.clearance)
+    except InletError as exc:
+        _fail(exc)
+    typer.echo(f"inlet api: http://{host}:{port} (docs at /docs), "
+               f"{f'{len(api_keys.keys)} API keys' if api_keys else f'caller {who.name}, clearance {who.clearance}'}"
+               f", access log {kb.log.path}", err=True)
+    uvicorn.run(build_app(kb, who, api_keys), host=host, port=port, log_level="warning")
 
 
 if __name__ == "__main__":

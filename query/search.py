@@ -257,6 +257,33 @@ def clearance_clause(clearance: str) -> str:
     return f"access_level IN ({', '.join(_quote(a) for a in allowed)})"
 
 
+def visible_clause(table: lancedb.table.Table, store: str, version: int, clearance: str) -> str:
+    """The SQL that keeps what a caller may be served now: rows at or below its clearance, not expired."""
+    guard = clearance_clause(clearance)
+    if _has_expiring_rows(table, store, version):  # most stores have none: spare every query the clause
+        guard += f" AND (expires_at IS NULL OR expires_at > TIMESTAMP '{datetime.now(UTC):%Y-%m-%dT%H:%M:%S}')"
+    return guard
+
+
+def published_table(cfg: InletConfig) -> tuple[lancedb.table.Table, int]:
+    """The chunks table pinned to the version readers are served now (the latest, if none was published)."""
+    table, version, pinned = _published_table(cfg, None)
+    return (table if pinned else _pinned(str(cfg.store.uri), cfg.store.chunks_table, version)), version
+
+
+def quote(value: object) -> str:
+    """A value as a SQL literal (strings quoted, quotes doubled)."""
+    return _quote(value)
+
+
+def result_of(row: dict, score: float) -> SearchResult:
+    """A search result from a chunks-table row (with the columns of SELECTED)."""
+    return _result(row, score)
+
+
+SELECTED = _SELECT  # the chunks-table columns a result is made of
+
+
 def _result(row: dict, score: float) -> SearchResult:
     pages = (row["page_start"], row["page_end"]) if row["page_start"] is not None else None
     citation = Citation(row["title"], row["uri"], tuple(row["heading_path"] or ()), pages)
@@ -496,7 +523,7 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
     if mode not in ("vector", "fulltext", "hybrid"):
         msg = f"mode '{mode}' is not one of vector, fulltext, hybrid"
         raise QueryError(msg)
-    allowed = clearance_clause(clearance)
+    clearance_clause(clearance)  # an unknown clearance is refused before any read
     filters = where_clause(where)
     store = str(cfg.store.uri)
     table, version, pinned = _published_table(cfg, as_of)
@@ -508,9 +535,7 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
             msg = (f"table '{table.name}' (version {version}) has no full-text index: run `inlet ingest` with "
                    "query.fulltext_index on, or search in vector mode")
             raise QueryError(msg)
-        guard = allowed
-        if _has_expiring_rows(table, store, version):  # most stores have none: spare every query the clause
-            guard += f" AND (expires_at IS NULL OR expires_at > TIMESTAMP '{datetime.now(UTC):%Y-%m-%dT%H:%M:%S}')"
+        guard = visible_clause(table, store, version, clearance)
         clause = f"({guard}) AND ({filters})" if filters else guard
         chosen = embedder
         if mode != "fulltext":

@@ -453,6 +453,23 @@ class PublishConfig(_Strict):
     gate: GateConfig | None = Field(None, description="A recall gate on a questions CSV; None: every run publishes.")
 
 
+class ServingConfig(_Strict):
+    """How `inlet mcp` and `inlet api` serve agents and applications: whose clearance, and what they log."""
+
+    clearance: Literal["public", "internal", "restricted", "confidential"] = Field(
+        "public", description="Clearance of every caller of `inlet mcp`, and of `inlet api` without a keys file; "
+        "fixed when the server starts, never taken from a request.")
+    caller: str = Field("agent", description="Caller name written to the access log for `inlet mcp` (and for "
+                        "`inlet api` without a keys file).")
+    access_log: Path | None = Field(None, description="Access log (JSON lines, one per call), relative to the config "
+                                    "file's folder; None: access.jsonl beside the run artifacts folder.")
+    log_queries: bool = Field(False, description="Also write each query's text to the access log (by default only "
+                              "its sha256).")
+    api_keys: Path | None = Field(None, description="YAML file of API keys for `inlet api`: keys: [{caller, sha256, "
+                                  "clearance}], relative to the config file's folder; None: no key asked.")
+    max_k: int = Field(50, ge=1, le=1000, description="Most hits one search may return.")
+
+
 class MaintenanceConfig(_Strict):
     """What the maintenance flow keeps and whether it repairs what its integrity check finds."""
 
@@ -572,6 +589,7 @@ class InletConfig(_Strict):
     query: QueryConfig = Field(default_factory=QueryConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     publish: PublishConfig = Field(default_factory=PublishConfig)
+    serving: ServingConfig = Field(default_factory=ServingConfig)
     maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
     api_key_block: str | None = Field(None, description="Prefect Secret block holding the Gemini API key, read "
@@ -649,8 +667,14 @@ class InletConfig(_Strict):
         gate = self.publish.gate
         publish = (self.publish.model_copy(update={"gate": gate.model_copy(update={"questions": _abs(gate.questions)})})
                    if gate is not None else self.publish)
+        keys = self.serving.api_keys
+        log = self.serving.access_log
+        if log is None and "://" not in artifacts:
+            log = Path(artifacts).parent / "access.jsonl"
+        serving = self.serving.model_copy(update={"access_log": _abs(log) if log is not None else None,
+                                                  "api_keys": _abs(keys) if keys is not None else None})
         return self.model_copy(update={"sources": sources, "store": store, "enrichment": enrichment,
-                                       "publish": publish})
+                                       "publish": publish, "serving": serving})
 
     def fingerprint(self) -> str:
         """Return a short hash of the whole configuration."""
@@ -690,3 +714,40 @@ def load_config(path: str | Path) -> InletConfig:
         msg = f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}"
         raise ConfigError(msg) from None
     return parse_config(data, origin=str(path)).resolved(path.resolve().parent)
+
+
+class ApiKey(_Strict):
+    """One caller of `inlet api`: its name, the sha256 of its key (the key itself is never stored) and clearance."""
+
+    caller: str = Field(min_length=1, description="Name written to the access log.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Hex sha256 of the key: `printf %s KEY | sha256sum`.")
+    clearance: Literal["public", "internal", "restricted", "confidential"] = Field(description="What it may read.")
+
+
+class ApiKeys(_Strict):
+    """The keys file of `inlet api`."""
+
+    keys: tuple[ApiKey, ...] = Field(min_length=1)
+
+
+def load_api_keys(path: Path) -> ApiKeys:
+    """Read and validate a keys file; errors name the file and the key."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        msg = f"{path}: cannot read API keys file: {exc.strerror or exc}"
+        raise ConfigError(msg) from None
+    except yaml.YAMLError as exc:
+        msg = f"{path}: not valid YAML: {getattr(exc, 'problem', exc)}"
+        raise ConfigError(msg) from None
+    try:
+        keys = ApiKeys.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(f"{path}: {_location(e['loc'])}: {e['msg']}" for e in exc.errors())) from None
+    seen: set[str] = set()
+    for i, key in enumerate(keys.keys):
+        if key.sha256 in seen:
+            msg = f"{path}: keys.{i}.sha256: the same key is listed twice"
+            raise ConfigError(msg)
+        seen.add(key.sha256)
+    return keys

@@ -116,3 +116,7 @@ class PublishHeldError(InletError):
 
 class QueryError(InletError, ValueError):
     """A search was asked for something the store cannot answer (bad mode, version, clearance, index)."""
+
+
+class NotAvailableError(QueryError):
+    """What was asked for is not there for this caller: missing, expired or above its clearance (never said which)."""

@@ -1,0 +1,105 @@
+"""`inlet mcp`: the knowledge base as Model Context Protocol tools (the official Python SDK's MCPServer).
+
+Four read-only tools: search, get_context, list_sources, versions. The caller and clearance are the server's,
+fixed when it starts; no tool takes a clearance.
+"""
+
+# No `from __future__ import annotations`: the SDK reads the tools' annotations at definition, and k's bound
+# is a local.
+import json
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ToolAnnotations
+from pydantic import Field
+
+from query.service import MAX_NEIGHBORS, Caller, KnowledgeBase, Served, watch_call
+from schemas.answers import ContextAnswer, Filters, SearchAnswer, SourcesAnswer, VersionsAnswer
+from schemas.errors import InletError
+
+T = TypeVar("T")
+READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+INSTRUCTIONS = ("Search the documents Inlet keeps fresh. Call search first; cite each answer with the hit's "
+                "citation; call get_context for the text around a hit; list_sources and versions say what is "
+                "indexed and how fresh it is.")
+
+
+def _answer(fn: Callable[..., T], *args: object) -> T:
+    """Run an operation; Inlet's errors become the tool's error result (the agent reads the message)."""
+    try:
+        return fn(*args)
+    except InletError as exc:
+        raise ToolError(str(exc)) from None
+
+
+def build_server(kb: KnowledgeBase, caller: Caller) -> MCPServer:
+    """An MCPServer whose tools answer at caller's clearance and write each call to kb's access log."""
+
+    async def log_refused_calls(ctx: Any, call_next: Any) -> Any:
+        """Write the access-log line of a tool call the SDK refused before it reached an operation."""
+        if ctx.method != "tools/call":
+            return await call_next(ctx)
+        params = ctx.params if isinstance(ctx.params, dict) else {}
+        with watch_call() as call:
+            try:
+                result = await call_next(ctx)
+            except Exception as exc:
+                if not call["logged"]:
+                    kb.log.write(caller, str(params.get("name")), json.dumps(params.get("arguments"), sort_keys=True,
+                                                                             default=str), Served(), repr(exc))
+                raise
+        if not call["logged"]:
+            shown = result.model_dump() if hasattr(result, "model_dump") else result if isinstance(result, dict) else {}
+            error = " ".join(str(c.get("text", "")) for c in shown.get("content") or []) or "refused"
+            kb.log.write(caller, str(params.get("name")), json.dumps(params.get("arguments"), sort_keys=True,
+                                                                     default=str), Served(), error)
+        return result
+
+    server = MCPServer("inlet", instructions=INSTRUCTIONS, middleware=[log_refused_calls])
+    max_k = kb.cfg.serving.max_k
+
+    @server.tool(annotations=READ_ONLY)
+    def search(
+        query: Annotated[str, Field(description="What to look for, in words.", min_length=1)],
+        k: Annotated[int, Field(ge=1, le=max_k, description="How many hits.")] = 5,
+        filters: Annotated[Filters | None, Field(description="Metadata filters {field: value or [values]}, e.g. "
+                                                 "{\"subject\": \"math\", \"grade\": 7} or {\"tags\": [\"a\", "
+                                                 "\"b\"]} (any listed tag).")] = None,
+        mode: Annotated[Literal["vector", "fulltext", "hybrid"] | None,
+                        Field(description="Search mode (default: the store's).")] = None,
+        as_of: Annotated[str | None, Field(description="Search the store as it was: a run id, a table version or "
+                                           "an ISO time (default: the published version).")] = None,
+    ) -> SearchAnswer:
+        """Find the chunks that best answer a query, each with its text, score and citation."""
+        return _answer(kb.search, caller, query, k, filters, mode, as_of)
+
+    @server.tool(annotations=READ_ONLY)
+    def get_context(
+        chunk_id: Annotated[str, Field(description="A hit's chunk_id.")],
+        neighbors: Annotated[int, Field(ge=0, le=MAX_NEIGHBORS, description="Chunks to add before and after.")] = 1,
+    ) -> ContextAnswer:
+        """Return a chunk with its neighbouring chunks, in document order."""
+        return _answer(kb.get_context, caller, chunk_id, neighbors)
+
+    @server.tool(annotations=READ_ONLY)
+    def list_sources() -> SourcesAnswer:
+        """List the indexed sources with their documents and chunks, and when the store was last updated."""
+        return _answer(kb.list_sources, caller)
+
+    @server.tool(annotations=READ_ONLY)
+    def versions() -> VersionsAnswer:
+        """List the ingest runs, oldest first, and which one's version is served now."""
+        return _answer(kb.versions, caller)
+
+    return server
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """HOST:PORT (or :PORT, on 127.0.0.1) as a host and a port."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        msg = f"--http expects HOST:PORT, got '{text}'"
+        raise ValueError(msg)
+    return host or "127.0.0.1", int(port)

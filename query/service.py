@@ -1,0 +1,291 @@
+"""The knowledge base as agents and applications reach it (`inlet mcp`, `inlet api`): four operations, each at the
+caller's clearance, each written to the access log.
+
+The clearance is the Caller's, fixed when the server starts (or by the API key a request carries); no operation takes
+one as an argument. Filters are values, never SQL. Every request reads the version published at that moment, so a
+long-lived server moves to a newly published run without a restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import lancedb
+
+from query.history import versions as run_history
+from query.search import (
+    SELECTED,
+    Mode,
+    SearchResult,
+    modified_times,
+    published_table,
+    quote,
+    result_of,
+    search,
+    store_connection,
+    visible_clause,
+)
+from schemas.answers import (
+    CitationOut,
+    ContextAnswer,
+    Filters,
+    Hit,
+    NeighborOut,
+    SearchAnswer,
+    SourceInfo,
+    SourcesAnswer,
+    VersionInfo,
+    VersionsAnswer,
+)
+from schemas.config import ACCESS_LEVELS, InletConfig
+from schemas.errors import ConfigError, NotAvailableError, QueryError, StoreError
+
+MAX_NEIGHBORS = 10
+
+
+# The call a transport is handling: its operation marks it logged, so that the transport can log the calls that
+# never reached one (arguments refused by the schema) and the access log still has one line per call.
+_CALL: ContextVar[dict[str, bool] | None] = ContextVar("inlet_call", default=None)
+
+
+@contextmanager
+def watch_call() -> Iterator[dict[str, bool]]:
+    """Mark the span of one call; its ["logged"] says whether an operation wrote its access-log line."""
+    holder = {"logged": False}
+    token = _CALL.set(holder)
+    try:
+        yield holder
+    finally:
+        _CALL.reset(token)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking, and the clearance every answer to them is read at."""
+
+    name: str
+    clearance: str
+
+    def __post_init__(self) -> None:
+        if self.clearance not in ACCESS_LEVELS:
+            msg = f"clearance '{self.clearance}' is not one of {', '.join(ACCESS_LEVELS)}"
+            raise QueryError(msg)
+
+
+@dataclass
+class Served:
+    """What one call served, for its access-log line."""
+
+    doc_ids: set[str] = field(default_factory=set)
+    chunks: int = 0
+    denied: int = 0
+
+
+class AccessLog:
+    """One JSON line per call: time, caller, clearance, tool, the query's sha256, documents served, denials."""
+
+    def __init__(self, path: Path, log_queries: bool = False) -> None:
+        self.path = path
+        self.log_queries = log_queries
+        self._lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, caller: Caller, tool: str, query: str, served: Served, error: str | None) -> None:
+        """Append a call's line; the query's text only when log_queries is on."""
+        line = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), "caller": caller.name,
+                "clearance": caller.clearance, "tool": tool,
+                "query_sha256": hashlib.sha256(query.encode()).hexdigest(),
+                "doc_ids": sorted(served.doc_ids), "chunks": served.chunks, "denied": served.denied,
+                "error": error}
+        if self.log_queries:
+            line["query"] = query
+        with self._lock, self.path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+        holder = _CALL.get()
+        if holder is not None:
+            holder["logged"] = True
+
+
+def _hit(result: SearchResult, score: float | None) -> Hit:
+    cite = result.citation
+    return Hit(chunk_id=result.chunk_id, doc_id=result.doc_id, text=result.text, score=score,
+               citation=CitationOut(title=cite.title, uri=cite.uri, heading_path=list(cite.heading_path),
+                                    pages=cite.pages, text=str(cite)),
+               metadata=result.metadata,
+               before=[NeighborOut(chunk_id=n.chunk_id, chunk_index=n.chunk_index, text=n.text) for n in result.before],
+               after=[NeighborOut(chunk_id=n.chunk_id, chunk_index=n.chunk_index, text=n.text) for n in result.after])
+
+
+def _check_filters(filters: Filters | None) -> Filters | None:
+    """Refuse filters that are not {field: value or [values]} (a string would be read as SQL)."""
+    if filters is None:
+        return None
+    if not isinstance(filters, dict):
+        msg = "filters: expected {field: value or [values]}"
+        raise QueryError(msg)
+    for key, value in filters.items():
+        values = value if isinstance(value, list) else [value]
+        if not isinstance(key, str) or not all(isinstance(v, str | int | float | bool) for v in values):
+            msg = f"filters: '{key}' must map to a value or a list of values"
+            raise QueryError(msg)
+    return filters
+
+
+class KnowledgeBase:
+    """search, get_context, list_sources and versions over one config's store, logged per call."""
+
+    def __init__(self, cfg: InletConfig, log: AccessLog) -> None:
+        self.cfg = cfg
+        self.log = log
+
+    @contextmanager
+    def _call(self, caller: Caller, tool: str, query: str) -> Iterator[Served]:
+        served = Served()
+        try:
+            yield served
+        except Exception as exc:
+            self.log.write(caller, tool, query, served, f"{type(exc).__name__}: {exc}")
+            raise
+        self.log.write(caller, tool, query, served, None)
+
+    def search(self, caller: Caller, query: str, k: int = 5, filters: Filters | None = None,
+               mode: Mode | None = None, as_of: str | int | None = None) -> SearchAnswer:
+        """The k best chunks the caller may read, with citations; as_of: a run id, version or ISO time."""
+        args = json.dumps({"query": query, "k": k, "filters": filters, "mode": mode, "as_of": as_of}, sort_keys=True)
+        with self._call(caller, "search", args) as served:
+            if not 1 <= k <= self.cfg.serving.max_k:
+                msg = f"k must be between 1 and {self.cfg.serving.max_k}"
+                raise QueryError(msg)
+            filters = _check_filters(filters)
+            if filters and "access_level" in filters:  # asking for more than the clearance is counted, not served
+                wanted = filters["access_level"] if isinstance(filters["access_level"], list) else [
+                    filters["access_level"]]
+                served.denied += sum(str(w) not in ACCESS_LEVELS[: ACCESS_LEVELS.index(caller.clearance) + 1]
+                                     for w in wanted)
+            version = int(as_of) if isinstance(as_of, str) and as_of.isdigit() else as_of
+            results = search(query, k=k, where=filters or None, mode=mode, clearance=caller.clearance,
+                             as_of=version, config=self.cfg)
+            hits = list(results)
+            if as_of is not None:  # an old version holds access levels as they were: serve none raised since
+                now = self._levels([h.doc_id for h in hits])
+                allowed = set(ACCESS_LEVELS[: ACCESS_LEVELS.index(caller.clearance) + 1])
+                kept = [h for h in hits if now.get(h.doc_id, h.metadata["access_level"]) in allowed]
+                served.denied += len(hits) - len(kept)
+                hits = kept
+            served.doc_ids |= {h.doc_id for h in hits}
+            served.chunks = len(hits)
+            return SearchAnswer(hits=[_hit(h, h.score) for h in hits], notices=results.notices)
+
+    def _levels(self, doc_ids: list[str]) -> dict[str, str]:
+        """Each document's access level in the published version now (documents gone since are absent)."""
+        if not doc_ids:
+            return {}
+        table, _ = published_table(self.cfg)
+        rows = (table.search().where(f"doc_id IN ({', '.join(quote(d) for d in sorted(set(doc_ids)))})")
+                .select(["doc_id", "access_level"]).limit(None).to_arrow().to_pylist())
+        order = {level: i for i, level in enumerate(ACCESS_LEVELS)}
+        levels: dict[str, str] = {}
+        for row in rows:  # a document's chunks share a level; the highest wins if they ever differ
+            old = levels.get(row["doc_id"])
+            if old is None or order[row["access_level"]] > order[old]:
+                levels[row["doc_id"]] = row["access_level"]
+        return levels
+
+    def get_context(self, caller: Caller, chunk_id: str, neighbors: int = 1) -> ContextAnswer:
+        """A chunk the caller may read, with up to `neighbors` chunks before and after it, in order."""
+        with self._call(caller, "get_context", json.dumps({"chunk_id": chunk_id, "neighbors": neighbors})) as served:
+            if not 0 <= neighbors <= MAX_NEIGHBORS:
+                msg = f"neighbors must be between 0 and {MAX_NEIGHBORS}"
+                raise QueryError(msg)
+            table, version = published_table(self.cfg)
+            guard = visible_clause(table, str(self.cfg.store.uri), version, caller.clearance)
+            rows = self._rows(table, f"({guard}) AND chunk_id = {quote(chunk_id)}", 1)
+            if not rows:
+                # The same answer whether the chunk is missing, expired or above the clearance: nothing leaks.
+                served.denied += bool(self._rows(table, f"chunk_id = {quote(chunk_id)}", 1))
+                msg = f"no chunk '{chunk_id}' is available to this caller"
+                raise NotAvailableError(msg)
+            chunk = result_of(rows[0], 0.0)
+            index = chunk.metadata["chunk_index"]
+            near = self._rows(table, f"({guard}) AND doc_id = {quote(chunk.doc_id)} AND chunk_index BETWEEN "
+                                     f"{index - neighbors} AND {index + neighbors} AND chunk_id != {quote(chunk_id)}",
+                              None)
+            near.sort(key=lambda r: r["chunk_index"])
+            served.doc_ids.add(chunk.doc_id)
+            served.chunks = 1 + len(near)
+            return ContextAnswer(chunk=_hit(chunk, None),
+                                 before=[_neighbor(r) for r in near if r["chunk_index"] < index],
+                                 after=[_neighbor(r) for r in near if r["chunk_index"] > index])
+
+    @staticmethod
+    def _rows(table: lancedb.table.Table, where: str, limit: int | None) -> list[dict]:
+        return table.search().where(where).select(SELECTED).limit(limit).to_arrow().to_pylist()
+
+    def list_sources(self, caller: Caller) -> SourcesAnswer:
+        """The configured sources with the documents and chunks the caller may read, and the store's freshness."""
+        with self._call(caller, "list_sources", ""):
+            runs = self._runs()
+            try:
+                table, version = published_table(self.cfg)
+            except StoreError:  # nothing ingested yet: every source is empty
+                return SourcesAnswer(sources=[_source(s.name, s.kind, 0, set(), {}) for s in self.cfg.sources],
+                                     published_version=None, published_run=None, published_at=None,
+                                     last_run=runs[-1].run_id if runs else None,
+                                     last_run_at=runs[-1].finished_at if runs else None)
+            guard = visible_clause(table, str(self.cfg.store.uri), version, caller.clearance)
+            rows = table.search().where(guard).select(["source", "doc_id"]).limit(None).to_arrow()
+            chunks: dict[str, int] = {}
+            docs: dict[str, set[str]] = {}
+            for src, doc in zip(rows["source"].to_pylist(), rows["doc_id"].to_pylist(), strict=True):
+                chunks[src] = chunks.get(src, 0) + 1
+                docs.setdefault(src, set()).add(doc)
+            mtimes = modified_times(self.cfg)
+            sources = [_source(s.name, s.kind, chunks.get(s.name, 0), docs.get(s.name, set()), mtimes)
+                       for s in self.cfg.sources]
+            published = next((r for r in runs if r.published), None)
+            return SourcesAnswer(sources=sources, published_version=version,
+                                 published_run=published.run_id if published else None,
+                                 published_at=published.finished_at if published else None,
+                                 last_run=runs[-1].run_id if runs else None,
+                                 last_run_at=runs[-1].finished_at if runs else None)
+
+    def versions(self, caller: Caller) -> VersionsAnswer:
+        """The runs, oldest first: times, status, the publish gate's verdict, and which one readers are served."""
+        with self._call(caller, "versions", ""):
+            return VersionsAnswer(versions=self._runs())
+
+    def _runs(self) -> list[VersionInfo]:
+        return [VersionInfo(run_id=r["run_id"], started_at=r["started_at"], finished_at=r["finished_at"],
+                            status=r["status"], published=r["published"], gate=r["gate"],
+                            chunks_version=r["chunks_version"]) for r in run_history(self.cfg)]
+
+
+def _neighbor(row: dict) -> NeighborOut:
+    return NeighborOut(chunk_id=row["chunk_id"], chunk_index=row["chunk_index"], text=row["text"])
+
+
+def _source(name: str, kind: str, chunks: int, ids: set[str], mtimes: dict[str, float]) -> SourceInfo:
+    times = [mtimes[d] for d in ids if d in mtimes]
+    return SourceInfo(name=name, kind=kind, documents=len(ids), chunks=chunks,
+                      last_modified=datetime.fromtimestamp(max(times), UTC) if times else None)
+
+
+def open_knowledge_base(cfg: InletConfig, access_log: Path | None = None,
+                        log_queries: bool | None = None) -> KnowledgeBase:
+    """A KnowledgeBase over cfg's store, logging to access_log (default: serving.access_log)."""
+    store_connection(cfg)  # the store's options, for a store on object storage
+    serving = cfg.serving
+    if access_log is None and serving.access_log is None:
+        msg = "serving.access_log: the run artifacts are on object storage; name a local file for the access log"
+        raise ConfigError(msg)
+    return KnowledgeBase(cfg, AccessLog(access_log or serving.access_log,
+                                        serving.log_queries if log_queries is None else log_queries))
+

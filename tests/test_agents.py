@@ -1,0 +1,281 @@
+"""`inlet mcp` and `inlet api`: the real MCP client over stdio and HTTP, httpx against the HTTP API, on a store the
+real ingest flow built: typed tools, cited hits equal to query.search's, a clearance no argument can raise, one
+access-log line per call, and a run published while the server runs seen by the next call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import lancedb
+import pytest
+import yaml
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from flows.ingest import ingest
+from query import search
+from schemas.config import ACCESS_LEVELS, load_api_keys, load_config
+from schemas.errors import ConfigError
+
+pytestmark = [pytest.mark.flow]
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "data" / "sample"
+MODES = ("vector", "fulltext", "hybrid")
+SECRET = "The harbour vault combination is kept by the treasurer and changes every spring equinox."
+STAFF = "Instructors log every capsize drill in the staff binder before the boathouse closes on Sundays."
+OLD = "The autumn fuel discount for members ended when the harbour pumps were replaced last year."
+FRACTIONS = "Grade seven fractions: to add two fractions, rewrite both over a common denominator first."
+KEY_PUBLIC, KEY_INTERNAL = "key-for-the-public-bot-0001", "key-for-the-staff-bot-0002"
+
+
+def _note(body: str, **front: object) -> str:
+    lines = [f"{k}: {v}" for k, v in front.items()]
+    return ("---\n" + "\n".join(lines) + "\n---\n" if lines else "") + f"# Note\n\n{body}\n"
+
+
+@pytest.fixture(scope="module")
+def kb(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> Path:
+    """A store built by the ingest flow: the sample corpus, plus internal, confidential, expired and maths notes."""
+    root = tmp_path_factory.mktemp("agents")
+    corpus = root / "corpus"
+    shutil.copytree(SAMPLE, corpus)
+    (corpus / "vault.md").write_text(_note(SECRET, access_level="confidential"), encoding="utf-8")
+    (corpus / "staff.md").write_text(_note(STAFF, access_level="internal"), encoding="utf-8")
+    (corpus / "fuel.md").write_text(_note(OLD, expires_at="2020-01-01"), encoding="utf-8")
+    (corpus / "maths").mkdir()
+    (corpus / "maths" / "fractions.md").write_text(_note(FRACTIONS), encoding="utf-8")
+    keys = {"keys": [{"caller": "public-bot", "sha256": hashlib.sha256(KEY_PUBLIC.encode()).hexdigest(),
+                      "clearance": "public"},
+                     {"caller": "staff-bot", "sha256": hashlib.sha256(KEY_INTERNAL.encode()).hexdigest(),
+                      "clearance": "internal"}]}
+    (root / "keys.yaml").write_text(yaml.safe_dump(keys), encoding="utf-8")
+    config = {"sources": [{"name": "club", "path": str(corpus),
+                           "metadata_rules": [{"path": "^maths/", "set": {"subject": "math", "grade": 7}}]}],
+              "embedding": {"kind": "hashing", "dim": 64},
+              "store": {"uri": str(root / "store" / "lancedb"), "artifacts": str(root / "store" / "runs")},
+              "serving": {"api_keys": "keys.yaml"}}
+    path = root / "inlet.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    ingest(config_path=str(path))
+    return path
+
+
+def _log(config: Path) -> list[dict]:
+    log = load_config(config).serving.access_log
+    return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()] if log.exists() else []
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _serving(*args: str, ready: str) -> Iterator[subprocess.Popen]:
+    """Run `inlet ARGS` until the block ends, once GET ready answers (any status)."""
+    err = tempfile.TemporaryFile(mode="w+")  # not a pipe: a server logging every request would fill it and stall
+    proc = subprocess.Popen([sys.executable, "-m", "inlet.cli", *args], env=_env(), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=err, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                httpx.get(ready, timeout=2)
+                break
+            except httpx.TransportError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    err.seek(0)
+                    pytest.fail(f"inlet {args[0]} did not start: {err.read()}")
+                time.sleep(0.2)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        err.close()
+
+
+def _hits(result) -> list[dict]:  # noqa: ANN001 - a CallToolResult
+    assert not result.is_error, result.content
+    return result.structured_content["hits"]
+
+
+def _same_as_query_search(hits: list[dict], config: Path, text: str, clearance: str, **kw: object) -> None:
+    expected = search(text, config=config, clearance=clearance, **kw)
+    assert [(h["chunk_id"], h["text"], h["score"]) for h in hits] == [(r.chunk_id, r.text, r.score) for r in expected]
+    assert [h["citation"]["text"] for h in hits] == [str(r.citation) for r in expected]
+
+
+def test_mcp_over_stdio_lists_typed_tools_and_serves_cited_hits_equal_to_query_search(kb):
+    before = len(_log(kb))
+    params = StdioServerParameters(command=sys.executable, args=["-m", "inlet.cli", "mcp", "--config", str(kb)],
+                                   env=_env(), cwd=str(ROOT))
+
+    async def session() -> None:
+        async with Client(params) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert set(tools) == {"search", "get_context", "list_sources", "versions"}
+            assert set(tools["search"].input_schema["properties"]) == {"query", "k", "filters", "mode", "as_of"}
+            assert all("clearance" not in json.dumps(t.input_schema) for t in tools.values()), "no tool takes one"
+            assert all(t.description and t.output_schema for t in tools.values())
+            hits = _hits(await client.call_tool("search", {"query": "winterize the outboard engine", "k": 3}))
+            _same_as_query_search(hits, kb, "winterize the outboard engine", "public", k=3)
+            assert hits[0]["citation"]["uri"].startswith("file://") and "enrichment" not in hits[0]
+            maths = _hits(await client.call_tool("search", {"query": "fractions", "filters": {"subject": "math",
+                                                                                             "grade": 7}}))
+            assert [h["text"].split("\n\n")[-1] for h in maths] == [FRACTIONS]
+            context = await client.call_tool("get_context", {"chunk_id": hits[0]["chunk_id"], "neighbors": 2})
+            chunk = context.structured_content
+            indexes = [n["chunk_index"] for n in chunk["before"]] + [chunk["chunk"]["metadata"]["chunk_index"]] + [
+                n["chunk_index"] for n in chunk["after"]]
+            assert indexes == sorted(indexes) and len(indexes) > 1, "the chunk with its neighbours, in order"
+            sources = (await client.call_tool("list_sources", {})).structured_content
+            assert sources["sources"][0]["name"] == "club" and sources["published_run"] is not None
+            runs = (await client.call_tool("versions", {})).structured_content["versions"]
+            assert [r["published"] for r in runs] == [True]
+
+    asyncio.run(session())
+    lines = _log(kb)[before:]
+    assert [line["tool"] for line in lines] == ["search", "search", "get_context", "list_sources", "versions"]
+    assert all(line["caller"] == "agent" and line["clearance"] == "public" and "query" not in line for line in lines)
+    assert lines[0]["doc_ids"] and len(lines[0]["query_sha256"]) == 64, "documents served and a hash, no text"
+
+
+def test_a_public_server_never_serves_internal_confidential_or_expired_chunks_whatever_it_is_asked(kb):
+    cfg = load_config(kb)
+    rows = lancedb.connect(str(cfg.store.uri)).open_table("chunks").to_arrow().to_pylist()
+    hidden = {r["chunk_id"]: r for r in rows if r["access_level"] != "public" or r["doc_id"].endswith("fuel.md")}
+    assert {r["doc_id"].split(":")[1] for r in hidden.values()} == {"vault.md", "staff.md", "fuel.md"}
+    port = _free_port()
+    before = len(_log(kb))
+    calls = 0
+    with _serving("mcp", "--http", f"127.0.0.1:{port}", "--config", str(kb), ready=f"http://127.0.0.1:{port}/mcp"):
+        async def session() -> None:
+            nonlocal calls
+            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+                for text in (SECRET, STAFF, OLD):  # a chunk's own text is the strongest query for it
+                    for mode in MODES:
+                        for args in ({}, {"filters": {"access_level": ["internal", "confidential"]}},
+                                     {"clearance": "confidential"}, {"as_of": "1"}):
+                            result = await client.call_tool("search", {"query": text, "mode": mode, "k": 10, **args})
+                            calls += 1
+                            served = [] if result.is_error else _hits(result)
+                            assert not {h["chunk_id"] for h in served} & hidden.keys(), (text, mode, args)
+                            assert all(h["metadata"]["access_level"] == "public" for h in served)
+                for chunk_id in hidden:
+                    result = await client.call_tool("get_context", {"chunk_id": chunk_id})
+                    calls += 1
+                    assert result.is_error and "is available to this caller" in result.content[0].text
+                missing = await client.call_tool("get_context", {"chunk_id": "no-such-chunk"})
+                calls += 1
+                assert missing.content[0].text.replace("no-such-chunk", "X") == result.content[0].text.replace(
+                    chunk_id, "X"), "a hidden chunk and a missing one get the same answer"
+
+        asyncio.run(session())
+    lines = _log(kb)[before:]
+    assert len(lines) == calls, "one access-log line per call, refused ones too"
+    assert sum(line["denied"] for line in lines) >= len(hidden), "asking past the clearance is counted"
+    assert not {d for line in lines for d in line["doc_ids"]} & {r["doc_id"] for r in hidden.values()}
+
+
+def test_the_http_api_answers_per_api_key_and_sees_a_run_published_while_it_serves(kb, tmp_path):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    before = len(_log(kb))
+    public = {"Authorization": f"Bearer {KEY_PUBLIC}"}
+    staff = {"Authorization": f"Bearer {KEY_INTERNAL}"}
+    with _serving("api", "--port", str(port), "--config", str(kb), ready=f"{url}/openapi.json"):
+        spec = httpx.get(f"{url}/openapi.json").json()
+        assert {"/search", "/context/{chunk_id}", "/sources", "/versions"} <= set(spec["paths"])
+        assert httpx.get(f"{url}/docs").status_code == 200
+        assert httpx.post(f"{url}/search", json={"query": "vault"}).status_code == 401
+        assert httpx.post(f"{url}/search", json={"query": "vault"},
+                          headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+        question = {"query": "winterize the outboard engine", "k": 4, "mode": "hybrid"}
+        hits = httpx.post(f"{url}/search", json=question, headers=public).json()["hits"]
+        _same_as_query_search(hits, kb, question["query"], "public", k=4, mode="hybrid")
+        for headers, seen in ((public, False), (staff, True)):
+            found = httpx.post(f"{url}/search", json={"query": STAFF, "mode": "fulltext", "k": 10},
+                               headers=headers).json()["hits"]
+            assert any(STAFF in h["text"] for h in found) is seen
+            assert all(ACCESS_LEVELS.index(h["metadata"]["access_level"]) <= 1 for h in found)
+        refused = httpx.post(f"{url}/search", json={**question, "clearance": "confidential"}, headers=public)
+        assert refused.status_code == 422, "a clearance in the request is refused, not obeyed"
+        assert httpx.get(f"{url}/context/no-such-chunk", headers=staff).status_code == 404
+        sources = httpx.get(f"{url}/sources", headers=public).json()
+        first_run = sources["published_run"]
+
+        # A run is published while the server runs: the next request reads it, no restart.
+        corpus = Path(load_config(kb).sources[0].path)
+        (corpus / "tides.md").write_text(_note("Spring tides at the club slipway peak two hours after noon."),
+                                         encoding="utf-8")
+        try:
+            run = ingest(config_path=str(kb))
+            fresh = httpx.post(f"{url}/search", json={"query": "spring tides slipway", "mode": "fulltext"},
+                               headers=public).json()["hits"]
+            assert fresh and fresh[0]["doc_id"].endswith("tides.md")
+            assert httpx.get(f"{url}/sources", headers=public).json()["published_run"] == run["run_id"] != first_run
+        finally:
+            (corpus / "tides.md").unlink()
+            ingest(config_path=str(kb))
+    lines = _log(kb)[before:]
+    assert len(lines) == 10, "one line per request: 2 refused for want of a key, 1 for its schema, 7 answered"
+    assert [line["caller"] for line in lines[:2]] == ["unknown", "unknown"] and lines[0]["denied"] == 1
+    assert {line["caller"] for line in lines[2:]} == {"public-bot", "staff-bot"}
+
+
+def test_an_api_keys_file_is_checked_naming_the_file_and_the_key(tmp_path):
+    path = tmp_path / "keys.yaml"
+    path.write_text("keys:\n  - caller: bot\n    sha256: not-a-hash\n    clearance: internal\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"keys.yaml: keys.0.sha256"):
+        load_api_keys(path)
+    digest = hashlib.sha256(b"k").hexdigest()
+    path.write_text(f"keys:\n  - {{caller: a, sha256: {digest}, clearance: public}}\n"
+                    f"  - {{caller: b, sha256: {digest}, clearance: internal}}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"keys.1.sha256: the same key is listed twice"):
+        load_api_keys(path)
+
+
+def test_the_access_log_keeps_query_text_only_when_configured(tmp_path):
+    from query.service import AccessLog, Caller, Served
+
+    log = AccessLog(tmp_path / "a.jsonl")
+    log.write(Caller("x", "public"), "search", "secret words", Served({"d"}, 1, 0), None)
+    AccessLog(tmp_path / "a.jsonl", log_queries=True).write(Caller("x", "public"), "search", "open words", Served(),
+                                                            None)
+    first, second = (json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines())
+    assert "query" not in first and "secret words" not in json.dumps(first)
+    assert first["query_sha256"] == hashlib.sha256(b"secret words").hexdigest() and first["doc_ids"] == ["d"]
+    assert second["query"] == "open words"
+
+
+def test_the_servers_refuse_a_bad_clearance_or_address_before_serving(kb):
+    from typer.testing import CliRunner
+
+    from inlet.cli import app
+
+    runner = CliRunner()
+    bad = runner.invoke(app, ["mcp", "--clearance", "secret", "--config", str(kb)])
+    assert bad.exit_code == 2 and "clearance 'secret' is not one of public, internal" in bad.output
+    bad = runner.invoke(app, ["mcp", "--http", "localhost", "--config", str(kb)])
+    assert bad.exit_code == 2 and "--http expects HOST:PORT" in bad.output
+    bad = runner.invoke(app, ["api", "--clearance", "internal", "--config", str(kb)])
+    assert bad.exit_code == 2 and "each key has its own" in bad.output, "a keys file and a server clearance clash"
