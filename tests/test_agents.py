@@ -149,11 +149,24 @@ def test_mcp_over_stdio_lists_typed_tools_and_serves_cited_hits_equal_to_query_s
             sources = (await client.call_tool("list_sources", {})).structured_content
             assert sources["sources"][0]["name"] == "club" and sources["published_run"] is not None
             runs = (await client.call_tool("versions", {})).structured_content["versions"]
-            assert [r["published"] for r in runs] == [True]
+            assert runs[-1]["published"] and sum(r["published"] for r in runs) == 1, "the latest run is served"
+
+            # A run published while the session lasts is what the next call reads.
+            corpus = Path(load_config(kb).sources[0].path)
+            (corpus / "buoys.md").write_text(_note("Yellow racing buoys mark the summer course off the pier."),
+                                             encoding="utf-8")
+            try:
+                ingest(config_path=str(kb))
+                fresh = _hits(await client.call_tool("search", {"query": "yellow racing buoys", "mode": "fulltext"}))
+                assert fresh and fresh[0]["doc_id"].endswith("buoys.md")
+            finally:
+                (corpus / "buoys.md").unlink()
+                ingest(config_path=str(kb))
 
     asyncio.run(session())
     lines = _log(kb)[before:]
-    assert [line["tool"] for line in lines] == ["search", "search", "get_context", "list_sources", "versions"]
+    assert [line["tool"] for line in lines] == ["search", "search", "get_context", "list_sources", "versions",
+                                                "search"]
     assert all(line["caller"] == "agent" and line["clearance"] == "public" and "query" not in line for line in lines)
     assert lines[0]["doc_ids"] and len(lines[0]["query_sha256"]) == 64, "documents served and a hash, no text"
 
