@@ -35,7 +35,7 @@ class Writer:
         A run that has committed nothing when only its last batch is still to come commits then, and builds
         the full-text index then, while that batch runs: done after it, both left the other core idle (a cold
         run of the bench corpus spent ~1.6 s there). The last batch's rows are then searched without the
-        index, as any run's new rows are up to MAX_UNINDEXED, until a later run or maintenance folds them in.
+        index only until the run folds them in (past MAX_UNINDEXED_FULLTEXT rows, store/commit.py), as any run does.
         hold: commit nothing yet (the systemic-failure breaker is undecided); once released, what was held goes
         out in groups of commit_rows, as it would have.
         """

@@ -283,9 +283,13 @@ def commit_documents(db: lancedb.DBConnection, rows: pa.Table, deleted: list[str
     return upsert_keyed(db, name, "doc_id", rows, DOCUMENT_ROWS_SCHEMA, deleted, held=True)
 
 
-# Rows added after the full-text index was built are still found (searched without the index);
-# past this many, the index is brought up to date so searches stay fast.
+# Rows added after an index was built are still found (searched without the index); past this many, the index
+# is brought up to date so searches stay fast.
 MAX_UNINDEXED = 5_000
+# The full-text index sooner: each row it lacks is tokenized again by every full-text or hybrid query (~29 us a
+# row: 4,718 such rows made a query 136 ms instead of 2 ms; bench/README.md, "Searches through the servers"),
+# while folding them in took 0.27 s once. 500 rows cost a query ~15 ms at most.
+MAX_UNINDEXED_FULLTEXT = 500
 # Each fold adds a small delta segment to every index; past this many deltas, a fold merges them (never
 # into the base segment built over the whole table: that is the maintenance flow's work).
 MAX_DELTAS = 8
@@ -328,7 +332,8 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
     if fulltext and ("fulltext" not in coverage or not fulltext_current(table, language, recount=merge)):
         create_fulltext_index(table, language)
         coverage = index_coverage(table)
-    waiting = any(c["unindexed"] > (0 if merge else MAX_UNINDEXED) for c in coverage.values())
+    limits = {"fulltext": min(MAX_UNINDEXED, MAX_UNINDEXED_FULLTEXT)}
+    waiting = any(c["unindexed"] > (0 if merge else limits.get(name, MAX_UNINDEXED)) for name, c in coverage.items())
     if waiting or (merge and any(len(i.segments) > 1 for i in table.to_lance().describe_indices())):
         fold_in(table, merge_all=merge)
         coverage = index_coverage(table)

@@ -126,6 +126,9 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_worker_and_reports_to_the_serv
     config = write_config(corpus, execution={"batch_docs": 2})  # several batches
     _prefect(server, "work-pool", "create", "local-proc", "--type", "process")
     _prefect(server, "--no-prompt", "deploy", "--all")
+    # The hourly schedule stays, paused: at the top of an hour its own run would take the deployment's one
+    # concurrency slot, and the manual run below would wait (AwaitingConcurrencySlot) past the worker's one poll.
+    _prefect(server, "--no-prompt", "deployment", "schedule", "pause", "--all")
     started = _prefect(server, "deployment", "run", "ingest/ingest", "--params",
                        json.dumps({"config_path": str(config)}))
     flow_run_id = UUID(next(line.split()[-1] for line in started.stdout.splitlines() if "UUID" in line))

@@ -90,6 +90,19 @@ def test_folding_new_rows_into_the_indexes_adds_a_delta_and_rewrites_no_data_fil
     assert table.search("zanzibar", query_type="fts").limit(1).to_arrow()["id"].to_pylist() == ["new"]
 
 
+def test_the_full_text_index_is_brought_up_to_date_sooner_than_the_others(tmp_path, monkeypatch):
+    # Every full-text query tokenizes the rows the index lacks: a few hundred cost it more than a fold costs a run.
+    from store.commit import MAX_UNINDEXED, MAX_UNINDEXED_FULLTEXT, refresh_indexes
+
+    assert MAX_UNINDEXED_FULLTEXT < MAX_UNINDEXED
+    table = _indexed_table(tmp_path, 3)
+    table.add(pa.table({"id": [f"n{i}" for i in range(4)], "text": [f"new row {i}" for i in range(4)]}))
+    monkeypatch.setattr("store.commit.MAX_UNINDEXED_FULLTEXT", 4)
+    assert refresh_indexes(table, fulltext=True, ann_min_rows=10**9)["fulltext"]["unindexed"] == 4, "at the bar"
+    monkeypatch.setattr("store.commit.MAX_UNINDEXED_FULLTEXT", 3)
+    assert refresh_indexes(table, fulltext=True, ann_min_rows=10**9)["fulltext"]["unindexed"] == 0, "past it"
+
+
 def test_deltas_past_the_limit_are_merged_and_maintenance_merges_them_all(tmp_path, monkeypatch):
     from store.commit import MAX_DELTAS, refresh_indexes
 
