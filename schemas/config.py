@@ -375,7 +375,7 @@ class QueryConfig(_Strict):
     nprobes: int = Field(12, ge=1, description="ANN index partitions searched per query (of rows / 4096): at 1M "
                          "rows, 12 gives recall@10 0.997 with refine_factor 2, as 20 does, ~3 ms sooner.")
     ef: int = Field(100, ge=10, description="ANN graph search breadth per partition: recall@10 0.98 at 100 in "
-                    "bench/query.py, 0.86 at the library default.")
+                    "bench/search_latency.py, 0.86 at the library default.")
     refine_factor: int = Field(2, ge=1, description="Re-rank refine_factor x k ANN candidates by their full vectors "
                                "(1: no re-ranking): the index's 8-bit vectors alone cap recall@10 near 0.95 at 1M.")
 

@@ -1,9 +1,9 @@
 """Benchmark: search latency by mode at 100k and 1M chunks, and recall@10 of the ANN index against exact search.
 
-    .venv/bin/python bench/query.py                     # 100k and 1M chunks, 200 queries per mode
-    .venv/bin/python bench/query.py --sizes 100000 --queries 50
-    .venv/bin/python bench/query.py --sizes 1000000 --store /work/q1m   # build once, then re-time
-    .venv/bin/python bench/query.py --sizes 1000000 --embedder e5       # queries embedded by the default model
+    .venv/bin/python bench/search_latency.py                     # 100k and 1M chunks, 200 queries per mode
+    .venv/bin/python bench/search_latency.py --sizes 100000 --queries 50
+    .venv/bin/python bench/search_latency.py --sizes 1000000 --store /work/q1m   # build once, then re-time
+    .venv/bin/python bench/search_latency.py --sizes 1000000 --embedder e5       # queries embedded by the default model
 
 
 A chunks table with Inlet's schema is written with synthetic 384-d vectors (a mixture of 2,000
