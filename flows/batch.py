@@ -15,6 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from providers.embedders import embedder_spec
 from runtime.artifacts import batch_dir, join, read_artifact, use_storage_options
 from runtime.clock import Stopwatch
+from runtime.extraction import close_pools
 from runtime.failpoints import failpoint
 from runtime.isolate import unexpected_errors
 from runtime.progress import quiet_stages
@@ -126,10 +127,11 @@ def _index_batch(plan: IndexPlan, number: int, elements: str, extracted: str, sh
 
 @task(name="batch", task_run_name="batch-{number}", cache_policy=NO_CACHE)
 def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: list[IndexPlan],
-                storage: dict[str, dict], dry_run: bool = False) -> BatchResult:
+                storage: dict[str, dict], dry_run: bool = False, own_process: bool = False) -> BatchResult:
     """Extract one batch once, then chunk, refresh, enrich, embed and validate it for every index, each a task run.
 
     dry_run (a plan): chunk and refresh, then estimate the model work instead of enriching, embedding and validating.
+    own_process: the batch runs in a worker process of the process runner: its extraction workers stop with it.
 
     Every table it made is an artifact under the batch's folder, so the batch may run on another machine.
     """
@@ -144,6 +146,10 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
         documents = [join(batch_dir(p.run_dir, number), "documents.parquet") for p in plans]
         todo = documents[0] if len(plans) == 1 else extraction_todo_stage(documents, here)
         elements, extracted, notices = clock.run("extract", extract_stage, todo, extraction, here, storage)
+        if own_process:
+            # A worker process of the process runner ends without running atexit handlers, and waits for its
+            # children first: extraction workers left running would hold it (and the run) for ever.
+            close_pools()
         failpoint("batch-extracted")
         tables = tuple(p.cfg.store.chunks_table for p in plans)  # what a store without a model cache is seeded from
         results: list[IndexWork] = []

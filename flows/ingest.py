@@ -365,7 +365,8 @@ def run_batches(cfg: InletConfig, batches: list[list[str]], run_dir: str, plans:
             # A plan's batches are named apart: a run under a cost ceiling shows both in the UI.
             stage = batch_stage.with_options(task_run_name="plan-batch-{number}") if dry_run else batch_stage
             futures = [runner.submit(stage, {"number": n, "run_dir": run_dir, "extraction": cfg.extraction,
-                                                   "plans": plans, "storage": storage, "dry_run": dry_run})
+                                                   "plans": plans, "storage": storage, "dry_run": dry_run,
+                                                   "own_process": execution.task_runner == "process"})
                        for n in range(len(batches))]
         except OSError as exc:
             if execution.dask_address is None:  # not a cluster we were pointed at
