@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from query.service import MAX_NEIGHBORS, Caller, KnowledgeBase, Served
 from schemas.answers import ContextAnswer, Filters, SearchAnswer, SourcesAnswer, VersionsAnswer
 from schemas.config import ApiKeys
-from schemas.errors import NotAvailableError, QueryError
+from schemas.errors import InletError, NotAvailableError, QueryError
 
 T = TypeVar("T")
 UNKNOWN = Caller("unknown", "public")  # the access log's name for a request without a valid key
@@ -81,6 +81,8 @@ def build_app(kb: KnowledgeBase, default: Caller, keys: ApiKeys | None = None) -
             raise HTTPException(404, str(exc)) from None
         except QueryError as exc:
             raise HTTPException(400, str(exc)) from None
+        except InletError as exc:  # the store cannot answer now (none ingested yet, a version unreadable)
+            raise HTTPException(503, str(exc)) from None
 
     @app.post("/search", response_model=SearchAnswer, summary="The chunks that best answer a query, with citations")
     def search(body: SearchRequest, who: Who) -> SearchAnswer:

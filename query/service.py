@@ -96,7 +96,12 @@ class AccessLog:
         self.path = path
         self.log_queries = log_queries
         self._lock = threading.Lock()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # a log that cannot be written stops the server before it serves anything unlogged
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.open("a", encoding="utf-8").close()
+        except OSError as exc:
+            msg = f"serving.access_log: cannot write {path}: {exc.strerror or exc}"
+            raise ConfigError(msg) from None
 
     def write(self, caller: Caller, tool: str, query: str, served: Served, error: str | None) -> None:
         """Append a call's line; the query's text only when log_queries is on."""

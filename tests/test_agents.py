@@ -292,3 +292,23 @@ def test_the_servers_refuse_a_bad_clearance_or_address_before_serving(kb):
     assert bad.exit_code == 2 and "--http expects HOST:PORT" in bad.output
     bad = runner.invoke(app, ["api", "--clearance", "internal", "--config", str(kb)])
     assert bad.exit_code == 2 and "each key has its own" in bad.output, "a keys file and a server clearance clash"
+
+
+def test_an_empty_store_and_an_unwritable_log_get_clear_answers(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from query.http_api import build_app
+    from query.service import Caller, open_knowledge_base
+    from schemas.config import parse_config
+
+    cfg = parse_config({"sources": [{"name": "s", "path": str(tmp_path)}], "embedding": {"kind": "hashing", "dim": 8},
+                        "store": {"uri": str(tmp_path / "lancedb"), "artifacts": str(tmp_path / "runs")}},
+                       origin="test").resolved(tmp_path)
+    kb = open_knowledge_base(cfg)
+    client = TestClient(build_app(kb, Caller("app", "public")))
+    empty = client.post("/search", json={"query": "anything"})
+    assert empty.status_code == 503 and "run `inlet ingest` first" in empty.json()["detail"]
+    assert client.get("/sources").json()["sources"][0]["documents"] == 0, "nothing indexed yet, said as such"
+    (tmp_path / "blocked").write_text("a file where the log's folder should be", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"serving.access_log: cannot write .*blocked/access.jsonl"):
+        open_knowledge_base(cfg, tmp_path / "blocked" / "access.jsonl")
