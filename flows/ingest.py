@@ -16,7 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.states import Failed
 
 from flows.batch import IndexPlan, batch_stage
-from flows.publishing import gate_questions, gate_stage, held_message
+from flows.publishing import announce, gate_questions, gate_stage, held_message
 from flows.runners import make_task_runner
 from flows.writer import Writer
 from providers import gx
@@ -65,6 +65,17 @@ def unpriced_models(cfg: InletConfig) -> list[str]:
             if m not in cfg.pricing.models]
 
 
+def only_sources(cfg: InletConfig, names: list[str] | None, origin: str) -> InletConfig:
+    """The config with only the named sources (all when names is None); an unknown name is a ConfigError."""
+    if names is None:
+        return cfg
+    unknown = sorted(set(names) - {s.name for s in cfg.sources})
+    if unknown or not names:
+        msg = f"{origin}: sources: no source named {', '.join(unknown)}" if unknown else "no source to crawl"
+        raise ConfigError(msg)
+    return cfg.model_copy(update={"sources": tuple(s for s in cfg.sources if s.name in names)})
+
+
 def new_run_id(now: datetime, kind: str = "run") -> str:
     """Return a sortable, unique run id such as run-20261122T101500-1a2b3c (plan-... for a plan)."""
     return f"{kind}-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
@@ -73,7 +84,7 @@ def new_run_id(now: datetime, kind: str = "run") -> str:
 @flow(name="ingest", log_prints=True)
 def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = False,
            allow_deletions: bool = False, dry_run: bool = False, max_cost_usd: float | None = None,
-           allow_cost: bool = False) -> dict:
+           allow_cost: bool = False, sources: list[str] | None = None) -> dict:
     """Bring the LanceDB store up to date with the configured sources; return the run summary.
 
     config -> crawl -> detect -> plan batches -> per batch on the task runner (extract -> chunk -> refresh ->
@@ -90,9 +101,11 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     model cache instead of doing it; nothing is written to the store and no model is called. Returns the plan.
     max_cost_usd (else run.max_cost_usd): plan first, and stop before any model call if the plan costs more;
     allow_cost lifts the ceiling for this run.
+    sources: crawl only these sources (by name); the others' documents are left as they are. `inlet watch` runs a
+    micro-batch over the sources an event or a poll named, and every source at reconciliation.
     """
     begin = time.perf_counter()
-    cfg = load_config(config_path)
+    cfg = only_sources(load_config(config_path), sources, config_path)
     if cfg.publish.gate is not None and not dry_run:
         gate_questions(cfg.publish.gate.questions, config_path)  # a missing or empty questions file fails now, not after the run
     run = start_run(cfg, "plan" if dry_run else "run")
@@ -195,6 +208,10 @@ def index_run(cfg: InletConfig, run: RunStart, plans: list[IndexPlan], detected:
             report_info(plan, run), d.documents, totals, loaded, finished=datetime.now(UTC),
             stage_seconds=clock.rounded(), notices=[*plan.notices, *crawl_notices, *d.notices, *done.notices],
             gate=gate))
+    main = summaries[0]
+    if not results[0].held and any(main[k] for k in ("docs_new", "docs_changed", "docs_deleted", "docs_refreshed")):
+        announce(cfg, "run", run.run_id, main["versions"].get(cfg.store.chunks_table),
+                 *changed_and_deleted(read_artifact(detected[0].documents, DOCUMENTS_SCHEMA)))
     return summaries
 
 
@@ -313,6 +330,14 @@ def _suffix(plan: IndexPlan) -> str:
 def _inflight_dir(cfg: InletConfig) -> str:
     """Where an index's commit groups leave their in-flight markers (store/inflight.py)."""
     return inflight.folder(cfg.store.artifacts, cfg.store.uri, cfg.store.chunks_table)
+
+
+def changed_and_deleted(documents: pa.Table) -> tuple[list[str], list[str]]:
+    """The ids of the documents a run indexed again (new, changed) and of those it deleted."""
+    change = documents["change"]
+    again = documents.filter(pc.is_in(change, pa.array(list(WORK)))) if documents.num_rows else documents
+    gone = documents.filter(pc.equal(change, Change.DELETED)) if documents.num_rows else documents
+    return again["doc_id"].to_pylist(), gone["doc_id"].to_pylist()
 
 
 def worked_ids(documents: pa.Table) -> set[str]:

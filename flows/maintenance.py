@@ -14,7 +14,16 @@ from providers.enrichers import make_enricher, resolve_enrichment
 from schemas.config import InletConfig, load_config
 from store.maintenance import published_at_latest, republish
 from store.tables import use_store_options, writer_lock
-from tasks.maintain import CHECKS, cache_stage, compact_stage, index_stage, integrity_stage, repair_stage
+from tasks.maintain import (
+    CHECKS,
+    cache_stage,
+    compact_live_stage,
+    compact_stage,
+    index_stage,
+    integrity_stage,
+    prune_runs_stage,
+    repair_stage,
+)
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 
@@ -116,3 +125,28 @@ def _maintain(store: str, pairs: list[tuple[str, str, int]], cfg: InletConfig, r
                           f", repaired {repaired}" if repaired else "")
     return {"tables": tables, "indexes": indexes, "findings": findings.to_pylist(), "repaired": repaired,
             "cache": cache}
+
+
+@flow(name="maintenance-live", log_prints=True)
+def live_maintenance(config_path: str = str(DEFAULT_CONFIG)) -> dict:
+    """Live mode's idle-time upkeep: compact, keep recent versions and hourly run tags, refresh indexes, prune runs.
+
+    Bounds (watch section): untagged versions live watch.keep_versions_s; run tags past that, one per hour for
+    maintenance.retention_days; run folders, the newest watch.keep_run_folders. No integrity check (the nightly
+    maintenance flow does it).
+    """
+    cfg = load_config(config_path)
+    store = cfg.store.uri
+    use_store_options(store, cfg.store.options)
+    chunks = [c for c, _, _ in _pairs(cfg)]
+    now = datetime.now(UTC)
+    with writer_lock(store, f"maintenance-live-{now:%Y%m%dT%H%M%S}", cfg.store.lock_wait_s):
+        tables = compact_live_stage(store, cfg.maintenance.retention_days, cfg.watch.keep_versions_s, now)
+        current = published_at_latest(store, chunks)
+        indexes = index_stage(store, chunks, cfg.query.fulltext_index, cfg.query.ann_min_rows,
+                              cfg.query.fulltext_language)
+        republish(store, current)
+        pruned = prune_runs_stage(cfg.store.artifacts, cfg.watch.keep_run_folders)
+    shape = {name: t["after"] for name, t in tables.items()}
+    get_run_logger().info("live maintenance: %s; %d run folders pruned", shape, len(pruned))
+    return {"tables": tables, "indexes": indexes, "run_folders_pruned": len(pruned)}

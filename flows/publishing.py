@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,6 +84,32 @@ def held_message(run_id: str, gates: dict[str, dict]) -> str:
             f". `inlet publish {run_id}` publishes it anyway")
 
 
+PUBLISHED_EVENT = "inlet.store.published"  # automations and other deployments trigger on it
+MAX_IDS = 100  # document ids an event names, per kind; the counts are always whole
+
+
+def store_resource(cfg: InletConfig) -> dict[str, str]:
+    """The Prefect event resource naming a store: the same id for its runs' publishes and its watcher's notices."""
+    digest = hashlib.sha256(str(cfg.store.uri).encode()).hexdigest()[:12]
+    return {"prefect.resource.id": f"inlet.store.{digest}", "prefect.resource.name": str(cfg.store.uri)}
+
+
+def announce(cfg: InletConfig, how: str, run_id: str, version: int | None, changed: list[str] | None = None,
+             deleted: list[str] | None = None) -> None:
+    """Tell dependent systems that readers now see a new version: emit PUBLISHED_EVENT (run, version, documents).
+
+    how: run (an ingest run published), publish (a held run published by hand) or rollback. Emitted after the
+    published tag moved, so a consumer that reads on the event sees the version it names.
+    """
+    from prefect.events import emit_event
+
+    changed, deleted = changed or [], deleted or []
+    emit_event(event=PUBLISHED_EVENT, resource={**store_resource(cfg), "inlet.table": cfg.store.chunks_table},
+               payload={"how": how, "run_id": run_id, "version": version, "documents_changed": len(changed),
+                        "documents_deleted": len(deleted), "changed": changed[:MAX_IDS], "deleted": deleted[:MAX_IDS],
+                        "truncated": len(changed) > MAX_IDS or len(deleted) > MAX_IDS})
+
+
 def now_tag(kind: str) -> str:
     """A tag for a hand-made version, such as rollback-20261126T170000."""
     return f"{kind}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
@@ -112,6 +139,7 @@ def publish_run(cfg: InletConfig, run_id: str) -> dict[str, int]:
     if not moved:
         msg = f"no chunks table has a version tagged '{run_id}': `inlet versions` lists the runs"
         raise StoreError(msg)
+    announce(cfg, "publish", run_id, moved.get(cfg.store.chunks_table))
     return moved
 
 
@@ -174,6 +202,9 @@ def rollback(cfg: InletConfig, target: str) -> dict[str, dict[str, int]]:
     if not done:
         msg = f"no index has runs to roll back to in {cfg.store.uri}"
         raise StoreError(msg)
+    main = done.get(cfg.store.chunks_table)
+    if main is not None:
+        announce(cfg, "rollback", tag, main["version"])
     return done
 
 

@@ -9,6 +9,7 @@ import yaml
 from prefect import Flow
 from prefect.client.schemas.objects import ConcurrencyLimitConfig
 from prefect.deployments.runner import RunnerDeployment
+from prefect.events import DeploymentEventTrigger
 from prefect.schedules import Cron
 
 from schemas.errors import ConfigError
@@ -49,5 +50,6 @@ def runner_deployments(path: Path = PREFECT_YAML, names: list[str] | None = None
         out.append(_flow(d["entrypoint"], path).to_deployment(
             name=d["name"], description=d.get("description"), parameters=parameters,
             schedules=[Cron(s["cron"], timezone=s.get("timezone", "UTC")) for s in d.get("schedules") or []],
-            concurrency_limit=ConcurrencyLimitConfig(**limit) if isinstance(limit, dict) else limit))
+            concurrency_limit=ConcurrencyLimitConfig(**limit) if isinstance(limit, dict) else limit,
+            triggers=[DeploymentEventTrigger(**t) for t in d.get("triggers") or []]))
     return out

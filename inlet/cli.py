@@ -447,6 +447,58 @@ def serve(
     prefect_serve(*deployments)
 
 
+@app.command()
+def watch(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    events: Annotated[bool | None, typer.Option("--events/--no-events", help="Watch local folders with file-system "
+                                                "events (default: watch.events); off, reconciliation and polling "
+                                                "alone find changes.")] = None,
+    emit_only: Annotated[bool, typer.Option(help="Emit a Prefect event (inlet.sources.changed) per settled set of "
+                                            "changes for the ingest deployment's trigger, instead of ingesting "
+                                            "here.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line per micro-batch.")] = False,
+) -> None:
+    """Keep the store current: each settled set of changes is an ingest run, searchable when it ends (Ctrl-C stops)."""
+    import signal
+    import threading
+
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # a line per micro-batch, not per task run
+    from flows.watch import Batch, watch_loop
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the micro-batch in progress finishes, then the watcher ends
+        signal.signal(sig, lambda *_: stop.set())
+
+    def on_ready(info: dict) -> None:
+        if as_json:
+            typer.echo(json.dumps({"kind": "ready", **info}), err=False)
+            return
+        how = "file-system events" if info["events"] else "no file-system events"
+        typer.echo(f"inlet watch: {how} under {', '.join(info['roots']) or 'no local folder'}; reconciliation every "
+                   f"{info['reconcile_s']:g} s" + (f"; polling {info['polled']}" if info["polled"] else "") +
+                   (f"; marked crashed: {', '.join(info['crashed'])}" if info["crashed"] else ""), err=True)
+
+    def on_batch(batch: Batch) -> None:
+        line = batch.line()
+        if as_json:
+            typer.echo(json.dumps(line, default=str))
+        elif batch.error:
+            typer.secho(f"{line['at'][:19]} {batch.kind} {', '.join(batch.sources)}: {batch.error}",
+                        fg=typer.colors.RED, err=True)
+        elif batch.kind == "ingest":
+            typer.echo(f"{line['at'][:19]} {line.get('run_id')} ({', '.join(line['why'])}): "
+                       f"{line.get('docs_new', 0)} new, {line.get('docs_changed', 0)} changed, "
+                       f"{line.get('docs_deleted', 0)} deleted, {line.get('texts_embedded', 0)} embedded; "
+                       f"version {line['version']} searchable {line['since_notice']:.2f} s after the change")
+        else:
+            typer.echo(f"{line['at'][:19]} {batch.kind} done in {line['seconds']:.2f} s")
+
+    try:
+        watch_loop(config, events=events, emit_only=emit_only, stop=stop, on_batch=on_batch, on_ready=on_ready)
+    except InletError as exc:
+        _fail(exc)
+
+
 ClearanceOpt = Annotated[str | None, typer.Option(help="Clearance of every caller: public, internal, restricted or "
                                                   "confidential (default: serving.clearance).")]
 CallerOpt = Annotated[str | None, typer.Option(help="Caller name in the access log (default: serving.caller).")]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -111,6 +113,28 @@ def list_names(folder: str | Path) -> list[str]:
         return os.listdir(folder)
     except FileNotFoundError:
         return []
+
+
+_RUN_FOLDER = re.compile(r"^(run|plan)-(\d{8}T\d{6})-[0-9a-f]{6}$")  # flows/ingest.py new_run_id
+
+
+def prune_run_folders(root: str | Path, keep: int) -> list[str]:
+    """Delete all but the newest keep run (and plan) folders under root; return the names deleted.
+
+    Only folders named as runs are touched: batch-job ledgers and in-flight markers live beside them.
+    """
+    runs = sorted((m.group(2), name) for name in list_names(root) if (m := _RUN_FOLDER.match(name)))
+    doomed = [name for _, name in runs[:max(0, len(runs) - keep)]]
+    for name in doomed:
+        path = join(root, name)
+        if is_remote(path):
+            import fsspec
+
+            fs, inner = fsspec.core.url_to_fs(path)
+            fs.rm(inner, recursive=True)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+    return doomed
 
 
 # Artifacts are read whole, never filtered by row group, so column statistics serve nobody; and Parquet's

@@ -127,6 +127,9 @@ class SourceConfig(_Strict):
     max_delete_share: float = Field(
         0.5, ge=0, le=1, description="Mass-deletion guard: a run that would delete more than this share of the "
         "source's documents (or whose listing fails or comes back empty) deletes none; --allow-deletions overrides.")
+    poll_s: float | None = Field(None, gt=0, description="`inlet watch`: seconds between polls of this source when "
+                                 "it is on object storage or the web (default watch.poll_s); local folders and "
+                                 "bundles are watched by file-system events instead.")
 
     @field_validator("include", "exclude")
     @classmethod
@@ -482,6 +485,32 @@ class MaintenanceConfig(_Strict):
                          "send their documents back through the next ingest run.")
 
 
+class WatchConfig(_Strict):
+    """Live mode (`inlet watch`): how changes are noticed, settled and reconciled, and the store kept small."""
+
+    events: bool = Field(True, description="Watch local folders and bundle files with file-system events; false: "
+                         "only the reconciliation crawl and polling notice changes (network file systems).")
+    settle_ms: int = Field(100, ge=10, le=60_000, description="A set of changes is settled once no further event "
+                           "came for this long: a file still being written keeps moving it on.")
+    max_wait_ms: int = Field(1000, ge=10, le=600_000, description="Under a steady stream of events, a micro-batch "
+                             "starts at the latest this long after the first event of its set.")
+    reconcile_s: float = Field(300.0, gt=0, description="Seconds between reconciliation crawls (the ordinary "
+                               "stat/hash detection over every source): lost events cost latency, never content. "
+                               "One also runs at start.")
+    poll_s: float = Field(60.0, gt=0, description="Seconds between polls of object storage and web sources "
+                          "(a source's own poll_s wins); web pages are fetched conditionally.")
+    maintain_idle_s: float = Field(30.0, gt=0, description="Maintenance (compaction, version pruning, run "
+                                   "folders) runs once the watcher has been idle this long and is due.")
+    maintain_every: int = Field(200, ge=1, description="Maintenance is due after this many micro-batches (or "
+                                "at the next idle moment past maintain_max_s).")
+    maintain_max_s: float = Field(3600.0, gt=0, description="Maintenance is also due this long after the last one.")
+    keep_versions_s: float = Field(3600.0, ge=0, description="Live mode's version retention: table versions "
+                                   "and run tags younger than this are kept for as_of; older ones are pruned, "
+                                   "except one run tag per hour back to maintenance.retention_days.")
+    keep_run_folders: int = Field(50, ge=1, description="Run artifact folders kept (the newest); older ones are "
+                                  "deleted by live mode's maintenance.")
+
+
 class StoreConfig(_Strict):
     """Where tables and run artifacts live."""
 
@@ -591,6 +620,7 @@ class InletConfig(_Strict):
     publish: PublishConfig = Field(default_factory=PublishConfig)
     serving: ServingConfig = Field(default_factory=ServingConfig)
     maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
+    watch: WatchConfig = Field(default_factory=WatchConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
     api_key_block: str | None = Field(None, description="Prefect Secret block holding the Gemini API key, read "
                                       "when neither GEMINI_API_KEY nor GOOGLE_API_KEY is set.")

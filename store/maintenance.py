@@ -31,6 +31,26 @@ def expired_tags(tags: dict[str, dict], versions: list[dict], cutoff: datetime) 
                   and (tag["version"] not in stamps or stamps[tag["version"]] < cutoff))
 
 
+def thinned_tags(tags: dict[str, dict], versions: list[dict], recent: datetime) -> list[str]:
+    """Name the run tags older than recent that live mode drops: all but the last of each hour are.
+
+    Live mode tags thousands of micro-batch runs a day; one per hour keeps `as_of` by run or time
+    answering to the hour, with the tag count bounded by retention_days x 24.
+    """
+    stamps = {v["version"]: _aware(v["timestamp"]) for v in versions}
+    last_of_hour: dict[datetime, tuple[int, str]] = {}
+    old = []
+    for name, tag in tags.items():
+        stamp = stamps.get(tag["version"])
+        if name == PUBLISHED_TAG or stamp is None or stamp >= recent:
+            continue
+        old.append(name)
+        hour = stamp.replace(minute=0, second=0, microsecond=0)
+        last_of_hour[hour] = max(last_of_hour.get(hour, (-1, "")), (tag["version"], name))
+    kept = {name for _, name in last_of_hour.values()}
+    return sorted(n for n in old if n not in kept)
+
+
 def published_at_latest(store_uri: str, chunks_tables: list[str]) -> list[str]:
     """Name the chunks tables whose published tag is on their latest version (nothing unpublished after it)."""
     db = connect(store_uri)
@@ -70,16 +90,26 @@ def compact_and_prune(table: lancedb.table.Table, older_than: timedelta) -> None
     table.checkout_latest()
 
 
-def compact_store(store_uri: str, retention_days: float, now: datetime) -> dict[str, dict]:
-    """Compact every table of the store, drop run tags older than the retention, prune older versions."""
+def compact_store(store_uri: str, retention_days: float, now: datetime,
+                  keep_recent: timedelta | None = None) -> dict[str, dict]:
+    """Compact every table of the store, drop run tags older than the retention, prune older versions.
+
+    keep_recent (live mode): prune untagged versions older than this instead of the retention, and keep one
+    run tag per hour past it (thinned_tags).
+    """
     db = connect(store_uri)
     cutoff = now - timedelta(days=retention_days)
+    prune_after = timedelta(days=retention_days) if keep_recent is None else min(keep_recent,
+                                                                               timedelta(days=retention_days))
     out = {}
     for name in sorted(table_names(db)):
         table = db.open_table(name)
         before = table_shape(table)
         tags = table.tags.list()
         dropped = expired_tags(tags, table.list_versions(), cutoff)
+        if keep_recent is not None:
+            dropped = sorted({*dropped, *thinned_tags({k: v for k, v in tags.items() if k not in dropped},
+                                                      table.list_versions(), now - prune_after)})
         for tag in dropped:  # a tagged version cannot be pruned: the tag goes with the version it keeps
             table.tags.delete(tag)
         published = tags.get(PUBLISHED_TAG, {}).get("version")
@@ -88,10 +118,11 @@ def compact_store(store_uri: str, retention_days: float, now: datetime) -> dict[
         # Readers still need a published version that is not the latest (a run committed after it and did not
         # finish): past the cutoff, nothing is pruned until the next run publishes.
         kept = (f"version {published} is still the published one: versions were not pruned"
-                if published is not None and not at_latest and stamps.get(published, now) < cutoff else None)
+                if published is not None and not at_latest and stamps.get(published, now) < now - prune_after
+                else None)
         if at_latest:  # the tag would block pruning its version; readers see the same rows at the latest meanwhile
             table.tags.delete(PUBLISHED_TAG)
-        compact_and_prune(table, _FOREVER if kept else timedelta(days=retention_days))
+        compact_and_prune(table, _FOREVER if kept else prune_after)
         if at_latest:  # same rows, fewer files: readers move on to the compacted version
             table.tags.create(PUBLISHED_TAG, table.version)
         out[name] = {"before": before, "after": table_shape(table), "tags_removed": dropped,

@@ -210,6 +210,39 @@ def writer_lock(uri: str | Path, run: str, wait_s: float = 0) -> Iterator[None]:
         lock.release()
 
 
+WATCHER_LOCK = ".inlet-watcher.lock"
+
+
+@contextmanager
+def watcher_lock(uri: str | Path) -> Iterator[None]:
+    """Hold the one-watcher-per-store lock while `inlet watch` lives; a second watcher is refused at once.
+
+    A file lock in the store folder (or, for a store on object storage, in this machine's home, keyed by the
+    store): it dies with its process, so a killed watcher never blocks the next one. Runs do not take it.
+    """
+    import hashlib
+
+    if is_remote_store(uri):
+        folder = Path.home() / ".inlet" / "watchers" / hashlib.sha256(str(uri).encode()).hexdigest()[:12]
+    else:
+        folder = Path(uri)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        msg = f"{folder}: cannot create the store folder (store.uri): {exc.strerror or exc}"
+        raise StoreError(msg) from None
+    lock = FileLock(folder / WATCHER_LOCK)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        msg = f"{uri} is already watched by another `inlet watch` process (lock {folder / WATCHER_LOCK})"
+        raise StoreBusyError(msg) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def _is_locked(cause: BaseException | None) -> bool:
     """Whether an error from the Prefect API is its 423 answer: the limit's one slot is taken."""
     response = getattr(cause, "response", None)

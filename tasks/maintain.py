@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from runtime.artifacts import prune_run_folders
 from store import maintenance
 from store.commit import refresh_indexes
 from store.tables import connect, open_table
@@ -163,6 +164,18 @@ def cache_stage(store_uri: str, cache_table: str, chunks_tables: list[str], rete
 def compact_stage(store_uri: str, retention_days: float, now: datetime) -> dict[str, dict]:
     """Compact every table of the store, drop run tags older than the retention, prune older versions."""
     return maintenance.compact_store(store_uri, retention_days, now)
+
+
+@task(name="compact and thin", cache_policy=NO_CACHE)
+def compact_live_stage(store_uri: str, retention_days: float, keep_recent_s: float, now: datetime) -> dict[str, dict]:
+    """Live mode: compact every table, prune untagged versions past keep_recent_s, keep one run tag per hour."""
+    return maintenance.compact_store(store_uri, retention_days, now, keep_recent=timedelta(seconds=keep_recent_s))
+
+
+@task(name="prune run folders", cache_policy=NO_CACHE)
+def prune_runs_stage(artifacts: str, keep: int) -> list[str]:
+    """Delete all but the newest run artifact folders; return the names deleted."""
+    return prune_run_folders(artifacts, keep)
 
 
 @task(name="refresh indexes", cache_policy=NO_CACHE)

@@ -139,7 +139,7 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_worker_and_reports_to_the_serv
     expected = {**per_run, **dict.fromkeys(BATCH_STAGES, 3)}
     run, tasks, artifacts, deployments = _read_settled(server["PREFECT_API_URL"], flow_run_id,
                                                        3 + sum(expected.values()))
-    assert {d.name for d in deployments} == {"ingest", "maintenance", "eval"}
+    assert {d.name for d in deployments} == {"ingest", "watch", "maintenance", "eval"}
     ingest = next(d for d in deployments if d.name == "ingest")
     assert ingest.global_concurrency_limit.limit == 1, "one ingest run at a time"
     assert ingest.concurrency_options.collision_strategy == "ENQUEUE"

@@ -1,0 +1,321 @@
+"""Live mode: one warm process keeps the store current, an ordinary ingest run per settled set of changes.
+
+events | polls | reconciliation -> settled set of sources -> ingest flow run (sources=...) -> published version
+                                                            -> (idle) live maintenance flow run
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from prefect import flow, tags
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+from flows.ingest import DEFAULT_CONFIG, ingest
+from flows.maintenance import live_maintenance
+from flows.publishing import store_resource
+from runtime.watch import Pending, Schedule, start_following
+from schemas.config import InletConfig, SourceConfig, load_config
+from schemas.errors import InletError, PublishHeldError, StoreBusyError
+from store.tables import watcher_lock
+from tasks.crawl import path_filter
+
+WATCH_TAG = "inlet-watch"  # every micro-batch run carries it: the UI filters on it, a restart finds its dead runs
+CHANGED_EVENT = "inlet.sources.changed"  # what `inlet watch --emit-only` emits instead of running
+RECONCILE = "reconcile"
+MAINTAIN = "maintain"
+log = logging.getLogger("inlet.watch")
+
+
+@dataclass
+class Batch:
+    """What one micro-batch did: its run, the sources and why they were due, and how long it took."""
+
+    sources: list[str]
+    why: dict[str, str]
+    started: datetime
+    seconds: float  # the flow run, start to return
+    since_notice: float | None  # first notice of the change to the published version
+    summary: dict | None = None
+    error: str | None = None
+    kind: str = "ingest"  # ingest | emit | maintenance
+
+    def line(self) -> dict:
+        """One JSON-able line for logs, `inlet watch --json` and the freshness benchmark."""
+        s = self.summary or {}
+        keys = ("run_id", "docs_new", "docs_changed", "docs_deleted", "docs_quarantined", "chunks_added",
+                "chunks_removed", "texts_embedded", "texts_enriched", "texts_embed_cached")
+        return {"kind": self.kind, "sources": self.sources, "why": sorted(set(self.why.values())),
+                "at": self.started.isoformat(), "seconds": round(self.seconds, 3),
+                "since_notice": None if self.since_notice is None else round(self.since_notice, 3),
+                "error": self.error, **{k: s[k] for k in keys if k in s},
+                "version": (s.get("versions") or {}).get("chunks")}
+
+
+def local_roots(cfg: InletConfig) -> list[Path]:
+    """What file-system events are watched under: each local folder source, each bundle file's folder."""
+    roots = []
+    for src in cfg.sources:
+        if src.kind == "folder" and src.path is not None:
+            roots.append(src.path)
+        elif src.kind == "bundle" and src.path is not None:
+            roots.append(src.path.parent)
+    return list(dict.fromkeys(roots))
+
+
+def polled_sources(cfg: InletConfig) -> dict[str, float]:
+    """The sources events cannot see (object storage, web), with their poll intervals in seconds."""
+    return {s.name: s.poll_s or cfg.watch.poll_s for s in cfg.sources
+            if s.kind == "web" or (s.kind == "folder" and s.uri is not None)}
+
+
+def _router(src: SourceConfig) -> Callable[[str], bool]:
+    """Whether an event's path may change this source's documents."""
+    if src.kind == "bundle":
+        bundle = str(src.path)
+        return lambda path: path == bundle
+    root = str(src.path).rstrip(os.sep) + os.sep
+    taken = path_filter(src.include, src.exclude)
+
+    def routes(path: str) -> bool:
+        if not path.startswith(root):
+            return False
+        rel = path[len(root):].replace(os.sep, "/")
+        if taken(rel):
+            return True
+        # A folder moved or removed as a whole reports only the folder: its files went with it.
+        return not os.path.isfile(path) and not os.path.splitext(path)[1] and not rel.startswith(".")
+
+    return routes
+
+
+def route_events(cfg: InletConfig) -> Callable[[str], set[str]]:
+    """Map an event's path to the sources whose documents it may change (none for a file no source takes)."""
+    routers = [(s.name, _router(s)) for s in cfg.sources
+               if s.path is not None and s.kind in ("folder", "bundle") and s.uri is None]
+    return lambda path: {name for name, routes in routers if routes(path)}
+
+
+def warm_up(cfg: InletConfig) -> dict[str, float]:
+    """Load what a micro-batch would otherwise load on its first change: models, tokenizer, great-expectations."""
+    from providers import gx, tokenizer
+    from providers.embedders import make_embedder, resolve_embedding
+    from providers.enrichers import make_enricher, resolve_enrichment
+
+    seconds: dict[str, float] = {}
+
+    def timed(name: str, fn: Callable[[], object]) -> None:
+        begin = time.perf_counter()
+        fn()
+        seconds[name] = round(time.perf_counter() - begin, 3)
+
+    timed("tokenizer", tokenizer.warm)
+    for _, vcfg in cfg.all_variants():
+        embedding, _ = resolve_embedding(vcfg.embedding)
+        if embedding.kind != "gemini":  # a remote model has nothing to load
+            timed(f"embedder {embedding.kind}", lambda e=embedding: make_embedder(e).embed(["warm up"]))
+        enrichment, _ = resolve_enrichment(vcfg.enrichment)
+        if enrichment.enabled:
+            timed(f"enricher {enrichment.kind}", lambda e=enrichment: make_enricher(e))
+    if cfg.quality.enabled:
+        timed("great-expectations", gx.context)
+    return seconds
+
+
+def crash_dead_runs(cfg: InletConfig, config_path: str) -> list[str]:
+    """Mark this store's micro-batch runs a killed watcher left Running as Crashed; return their names.
+
+    Called while holding the watcher lock: no other watcher of this store is alive, so any such run is dead.
+    """
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, \
+        FlowRunFilterTags
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    crashed = []
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            tags=FlowRunFilterTags(all_=[WATCH_TAG]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))))
+        for run in runs:
+            if str(run.parameters.get("config_path")) != config_path:
+                continue
+            client.set_flow_run_state(run.id, Crashed(message="its `inlet watch` process was killed; the "
+                                                      "restarted watcher's reconciliation redid its work"), force=True)
+            crashed.append(run.name)
+    return crashed
+
+
+def emit_changed(cfg: InletConfig, config_path: str, sources: list[str], why: dict[str, str]) -> None:
+    """Emit the event that triggers the ingest deployment (prefect.yaml's triggers) instead of running here."""
+    from prefect.events import emit_event
+
+    emit_event(event=CHANGED_EVENT, resource=store_resource(cfg),
+               payload={"config_path": config_path, "sources": sources, "why": sorted(set(why.values()))})
+
+
+def run_micro_batch(config_path: str, sources: list[str] | None) -> dict:
+    """Run the ordinary ingest flow over these sources (None: all) as a tagged run; return its summary.
+
+    Heartbeats off: a sync flow run ends by joining its heartbeat thread, which sleeps in whole seconds (up
+    to 1 s per micro-batch, most of a small change's latency). A watcher killed mid-run leaves that run
+    Running; the next watcher marks it Crashed at start (crash_dead_runs).
+    """
+    with tags(WATCH_TAG), temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        try:
+            return ingest(config_path=config_path, sources=sources)
+        except PublishHeldError as exc:  # committed, not published: the run is Held in the UI; the watcher goes on
+            return exc.summary
+
+
+@dataclass
+class Watcher:
+    """The live loop's state: what is due, when periodic work falls due, and how it is going."""
+
+    config_path: str
+    cfg: InletConfig
+    stop: threading.Event
+    emit_only: bool = False
+    on_batch: Callable[[Batch], None] = lambda batch: None
+    pending: Pending = field(default_factory=Pending)
+    failures: int = 0
+    since_maintenance: int = 0  # micro-batches since live maintenance last ran
+    last_batch: float = 0.0  # monotonic time the last micro-batch ended
+    last_maintenance: float = field(default_factory=time.monotonic)
+    events_on: bool = False
+
+    def source_names(self) -> list[str]:
+        """The names of every configured source, in config order."""
+        return [s.name for s in self.cfg.sources]
+
+    def step(self, schedule: Schedule) -> None:
+        """Wait for the next due work and do it: a micro-batch, an emitted event, or maintenance when idle."""
+        due, first = self.pending.take(schedule.wait(time.monotonic()))
+        now = time.monotonic()
+        periodic = schedule.due(now)
+        if RECONCILE in periodic or RECONCILE in due.values():
+            due = dict.fromkeys(self.source_names(), RECONCILE) | {k: v for k, v in due.items() if v != "events"}
+            schedule.reset(RECONCILE, now)
+        due |= {name.removeprefix("poll:"): "poll" for name in periodic if name.startswith("poll:")}
+        if due:
+            self._ingest(due, first if first is not None else now)
+            self.last_batch = time.monotonic()
+        if MAINTAIN in periodic and self.maintenance_due(time.monotonic()):
+            self._maintain()
+            self.last_maintenance = time.monotonic()
+
+    def maintenance_due(self, now: float) -> bool:
+        """Whether live maintenance should run now: due (enough micro-batches, or long enough), and idle.
+
+        Never idle (a steady stream of changes) for 5 times the batches that make it due, it runs anyway:
+        the bounds on versions and files must hold under any load.
+        """
+        w = self.cfg.watch
+        if self.emit_only or not self.since_maintenance:
+            return False
+        if self.since_maintenance >= 5 * w.maintain_every:
+            return True
+        due = self.since_maintenance >= w.maintain_every or now - self.last_maintenance >= w.maintain_max_s
+        return due and now - self.last_batch >= w.maintain_idle_s
+
+    def _ingest(self, due: dict[str, str], first: float) -> None:
+        names = [n for n in self.source_names() if n in due]
+        started = datetime.now(UTC)
+        begin = time.monotonic()
+        batch = Batch(names, due, started, 0.0, None, kind="emit" if self.emit_only else "ingest")
+        try:
+            if self.emit_only:
+                emit_changed(self.cfg, self.config_path, names, due)
+            else:
+                batch.summary = run_micro_batch(self.config_path, None if len(names) == len(self.source_names()) else names)
+            self.failures = 0
+            self.since_maintenance += 1
+        except StoreBusyError as exc:  # another writer (a scheduled run, maintenance): its turn first, then ours
+            batch.error = str(exc)
+            self.pending.add(names, "busy")
+            self.stop.wait(1.0)
+        except (InletError, Exception) as exc:  # noqa: BLE001 - the watcher outlives any one run's failure
+            batch.error = f"{type(exc).__name__}: {exc}"
+            self.failures += 1
+            self.pending.add(names, "retry")
+            self.stop.wait(min(60.0, 2.0 ** self.failures))  # a broken config or store: back off, then try again
+        batch.seconds = time.monotonic() - begin
+        batch.since_notice = time.monotonic() - first
+        self.on_batch(batch)
+
+    def _maintain(self) -> None:
+        started = datetime.now(UTC)
+        begin = time.monotonic()
+        batch = Batch([], {}, started, 0.0, None, kind="maintenance")
+        try:
+            with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+                batch.summary = live_maintenance(config_path=self.config_path)
+            self.since_maintenance = 0
+        except StoreBusyError as exc:
+            batch.error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - maintenance failing must not stop the store being kept fresh
+            batch.error = f"{type(exc).__name__}: {exc}"
+        batch.seconds = time.monotonic() - begin
+        self.on_batch(batch)
+
+    def on_events_failed(self, exc: Exception) -> None:
+        """File-system events stopped: say so, and let reconciliation (and a catch-up run now) carry on."""
+        log.warning("file-system events stopped (%s: %s); changes are found by reconciliation every %g s",
+                    type(exc).__name__, exc, self.cfg.watch.reconcile_s)
+        self.events_on = False
+        self.pending.add(self.source_names(), "events lost")
+
+
+def watch_loop(config_path: str | Path = DEFAULT_CONFIG, *, events: bool | None = None, emit_only: bool = False,
+               stop: threading.Event | None = None, on_batch: Callable[[Batch], None] | None = None,
+               on_ready: Callable[[dict], None] | None = None) -> None:
+    """Keep the store current until stop is set: reconcile at start, then run each settled set of changes.
+
+    events (default watch.events) turns file-system events on or off; off, reconciliation every
+    watch.reconcile_s and polling alone find changes. emit_only: emit CHANGED_EVENT for a worker's ingest
+    deployment to run instead of running here.
+    """
+    config_path = str(Path(config_path).resolve())
+    cfg = load_config(config_path)
+    stop = stop or threading.Event()
+    watcher = Watcher(config_path, cfg, stop, emit_only, on_batch or (lambda batch: None))
+    with watcher_lock(cfg.store.uri):
+        crashed = [] if emit_only else crash_dead_runs(cfg, config_path)
+        warmed = {} if emit_only else warm_up(cfg)
+        now = time.monotonic()
+        schedule = Schedule(now)
+        schedule.every(RECONCILE, cfg.watch.reconcile_s)
+        for name, seconds in polled_sources(cfg).items():
+            schedule.every(f"poll:{name}", seconds)
+        schedule.every(MAINTAIN, min(5.0, cfg.watch.maintain_idle_s))  # a look at whether it is due and idle
+        roots = local_roots(cfg)
+        if (cfg.watch.events if events is None else events) and roots:
+            start_following(roots, route_events(cfg), watcher.pending, stop, settle_ms=cfg.watch.settle_ms,
+                            max_wait_ms=cfg.watch.max_wait_ms, on_failure=watcher.on_events_failed)
+            watcher.events_on = True
+        watcher.pending.add(watcher.source_names(), RECONCILE)  # the first run reconciles whatever changed while down
+        if on_ready is not None:
+            on_ready({"events": watcher.events_on, "roots": [str(r) for r in roots], "warmed": warmed,
+                      "crashed": crashed, "polled": polled_sources(cfg), "reconcile_s": cfg.watch.reconcile_s})
+        while not stop.is_set():
+            watcher.step(schedule)
+
+
+@flow(name="watch", log_prints=True)
+def watch(config_path: str = str(DEFAULT_CONFIG), events: bool | None = None, emit_only: bool = False) -> None:
+    """Live mode as a deployment: keep the store current until cancelled, each micro-batch an ingest run of its own."""
+    from prefect import get_run_logger
+
+    logger = get_run_logger()
+    watch_loop(config_path, events=events, emit_only=emit_only,
+               on_batch=lambda b: logger.info("%s", b.line()),
+               on_ready=lambda info: logger.info("watching: %s", info))
+

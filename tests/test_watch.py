@@ -1,0 +1,343 @@
+"""Live mode (`inlet watch`): events and reconciliation keep the store current, each micro-batch an ingest run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from flows.watch import Batch, route_events, watch_loop
+from query import search
+from runtime.artifacts import prune_run_folders
+from runtime.watch import Pending, Schedule
+from schemas.config import load_config
+from schemas.errors import ConfigError, StoreBusyError
+from store.maintenance import thinned_tags
+from tests.test_real_server import BATCH_STAGES, _read_settled, _stage_counts, server  # noqa: F401 - a fixture
+
+ROOT = Path(__file__).resolve().parent.parent
+WORD = "quokkaferry"  # in no sample document
+
+
+def _wait(what: Callable[[], bool], timeout: float = 60, why: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, f"timed out waiting: {why}"
+        time.sleep(0.1)
+
+
+def _found(config: Path, word: str) -> bool:
+    return any(word in hit.text for hit in search(word, k=3, mode="fulltext", config=config))
+
+
+# --- the pure parts -------------------------------------------------------------------------------------------
+
+
+def test_events_route_to_the_sources_whose_files_they_touch_and_a_removed_folder_to_its_source(tmp_path,
+                                                                                           write_config):
+    docs, other = tmp_path / "docs", tmp_path / "other"
+    (docs / "sub").mkdir(parents=True)
+    other.mkdir()
+    (docs / "notes.md").write_text("# a\n")
+    (docs / "image.png").write_bytes(b"png")
+    config = write_config(docs, sources=[
+        {"name": "docs", "path": str(docs), "include": ["**/*.md"]},
+        {"name": "other", "path": str(other), "include": ["**/*.md", "**/*.pdf"], "exclude": ["drafts/**"]}])
+    route = route_events(load_config(config))
+    assert route(str(docs / "notes.md")) == {"docs"}
+    assert route(str(docs / "deleted.md")) == {"docs"}, "a vanished file a source takes"
+    assert route(str(docs / "image.png")) == set(), "a file no source takes starts no run"
+    assert route(str(docs / ".notes.md.swp")) == set(), "an editor's swap file neither"
+    assert route(str(docs / "gone-folder")) == {"docs"}, "a folder removed whole took its files with it"
+    assert route(str(other / "drafts" / "x.md")) == set(), "excluded"
+    assert route(str(other / "paper.pdf")) == {"other"}
+    assert route(str(tmp_path / "elsewhere.md")) == set()
+
+
+def test_pending_keeps_each_sources_first_reason_and_the_time_of_the_oldest_notice():
+    pending = Pending()
+    assert pending.take(0.01) == ({}, None)
+    before = time.monotonic()
+    pending.add(["a"], "events")
+    pending.add(["a", "b"], "poll")
+    due, first = pending.take(0)
+    assert due == {"a": "events", "b": "poll"} and first is not None and first >= before
+    assert pending.take(0) == ({}, None), "taken means cleared"
+
+
+def test_a_pending_take_wakes_as_soon_as_another_thread_adds():
+    pending = Pending()
+    threading.Timer(0.1, lambda: pending.add(["a"], "events")).start()
+    begin = time.monotonic()
+    due, _ = pending.take(10)
+    assert due == {"a": "events"} and time.monotonic() - begin < 5
+
+
+def test_a_schedule_names_what_fell_due_and_moves_it_a_period_on():
+    schedule = Schedule(now=100.0)
+    schedule.every("reconcile", 10)
+    schedule.every("poll:web", 3, first=100.0)
+    assert schedule.due(100.0) == ["poll:web"]
+    assert schedule.wait(100.0) == 3.0
+    assert schedule.due(110.0) == ["reconcile", "poll:web"]
+    schedule.reset("reconcile", 112.0)
+    assert schedule.due(120.0) == ["poll:web"]
+
+
+def test_thinning_keeps_recent_run_tags_and_the_last_tag_of_each_older_hour():
+    t0 = datetime(2026, 11, 27, 10, 0, tzinfo=UTC)
+    stamps = {1: t0 + timedelta(minutes=5), 2: t0 + timedelta(minutes=50), 3: t0 + timedelta(minutes=70),
+              4: t0 + timedelta(minutes=80), 5: t0 + timedelta(minutes=175)}
+    versions = [{"version": v, "timestamp": t} for v, t in stamps.items()]
+    tags = {f"run-{v}": {"version": v} for v in stamps} | {"published": {"version": 5}}
+    dropped = thinned_tags(tags, versions, recent=t0 + timedelta(minutes=170))
+    assert dropped == ["run-1", "run-3"], "the last of 10:00-11:00 and of 11:00-12:00 stay; recent ones all stay"
+
+
+def test_run_folder_pruning_keeps_the_newest_runs_and_nothing_else_is_touched(tmp_path):
+    names = [f"run-20261127T1000{i:02d}-abcde{i}" for i in range(5)] + ["plan-20261127T100010-ffffff"]
+    for name in [*names, "batch-jobs", "inflight"]:
+        (tmp_path / name).mkdir()
+    deleted = prune_run_folders(tmp_path, keep=2)
+    assert deleted == names[:4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["batch-jobs", "inflight", names[4], names[5]])
+
+
+def test_an_ingest_run_over_a_source_the_config_lacks_names_the_source(corpus, write_config):
+    from flows.ingest import only_sources
+
+    cfg = load_config(write_config(corpus))
+    with pytest.raises(ConfigError, match="no source named nope"):
+        only_sources(cfg, ["nope"], "inlet.yaml")
+    assert only_sources(cfg, ["sample"], "inlet.yaml").sources == cfg.sources
+
+
+# --- the watcher in this process, against the session's Prefect server ----------------------------------------
+
+
+class Running:
+    """A watch_loop in a thread; batches collected as they end."""
+
+    def __init__(self, config: Path, **options: object) -> None:
+        self.stop = threading.Event()
+        self.batches: list[Batch] = []
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                watch_loop(config, stop=self.stop, on_batch=self.batches.append,
+                           on_ready=lambda _: self.ready.set(), **options)
+            except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+                self.error = exc
+                self.ready.set()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert self.ready.wait(120) and self.error is None, self.error
+
+    def ingested(self) -> list[dict]:
+        return [b.line() for b in self.batches if b.kind == "ingest" and b.error is None]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def watching(corpus, write_config) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def start(config: Path, **options: object) -> Running:
+        started.append(Running(config, **options))
+        return started[-1]
+
+    yield start
+    for running in started:
+        running.close()
+
+
+def test_a_new_file_an_edit_and_a_delete_are_each_searchable_after_their_own_micro_batch(
+        prefect_harness, corpus, write_config, watching):
+    config = write_config(corpus, watch={"settle_ms": 50})
+    w = watching(config)
+    _wait(lambda: len(w.ingested()) >= 1, why="the start's reconciliation")
+    assert w.ingested()[0]["why"] == ["reconcile"] and w.ingested()[0]["docs_new"] == 5
+
+    page = corpus / "ferry.md"
+    page.write_text(f"# Ferry\n\nThe {WORD} leaves the north pontoon at nine.\n", encoding="utf-8")
+    _wait(lambda: _found(config, WORD), why="the new file")
+    edited = WORD + "late"
+    page.write_text(f"# Ferry\n\nThe {edited} leaves the north pontoon at ten.\n", encoding="utf-8")
+    _wait(lambda: _found(config, edited), why="the edit")
+    assert not _found(config, WORD + " "), "the old text went with the edit"
+    page.unlink()
+    _wait(lambda: not _found(config, edited), why="the delete")
+    # Readers see a version as soon as it is published, a moment before its run returns.
+    _wait(lambda: sum(r.get("docs_deleted", 0) for r in w.ingested()) == 1, why="the delete's run to end")
+
+    runs = w.ingested()[1:]
+    assert {tuple(r["why"]) for r in runs} == {("events",)}, "no reconciliation was needed"
+    assert sum(r.get("docs_new", 0) for r in runs) == 1 and sum(r.get("docs_deleted", 0) for r in runs) == 1
+    assert all(r["since_notice"] is not None for r in runs)
+    assert len({r["run_id"] for r in runs}) == len(runs), "each micro-batch is a run of its own"
+
+
+def test_with_events_off_the_reconciliation_crawl_alone_converges(prefect_harness, corpus, write_config, watching):
+    """Lost events (a network file system, a full event queue): the periodic stat/hash crawl still finds it all."""
+    config = write_config(corpus, watch={"reconcile_s": 1, "events": True})
+    w = watching(config, events=False)
+    _wait(lambda: len(w.ingested()) >= 1, why="the start's reconciliation")
+    (corpus / "ferry.md").write_text(f"# Ferry\n\nThe {WORD} timetable.\n", encoding="utf-8")
+    (corpus / "harbour-faq.txt").unlink()
+    _wait(lambda: _found(config, WORD), why="reconciliation to find the new file")
+    _wait(lambda: sum(r.get("docs_deleted", 0) for r in w.ingested()) == 1, why="reconciliation to find the delete")
+    assert {tuple(r["why"]) for r in w.ingested()} == {("reconcile",)}
+
+
+def test_a_second_watcher_on_the_same_store_is_refused_at_once(prefect_harness, corpus, write_config, watching):
+    config = write_config(corpus)
+    watching(config)
+    with pytest.raises(StoreBusyError, match="already watched"):
+        watch_loop(config, stop=threading.Event())
+
+
+def test_live_maintenance_keeps_versions_tags_and_run_folders_bounded_and_readers_on_the_published_version(
+        prefect_harness, corpus, write_config):
+    from flows.ingest import ingest
+    from flows.maintenance import live_maintenance
+    from store.tables import connect
+
+    config = write_config(corpus, watch={"keep_versions_s": 0, "keep_run_folders": 2})
+    ingest(config_path=str(config))
+    page = corpus / "ferry.md"
+    for i in range(4):
+        page.write_text(f"# Ferry\n\nThe {WORD}{i} timetable.\n", encoding="utf-8")
+        ingest(config_path=str(config))
+    cfg = load_config(config)
+    chunks = connect(cfg.store.uri).open_table(cfg.store.chunks_table)
+    before = len(chunks.list_versions())
+    run_tags = [t for t in chunks.tags.list() if t.startswith("run-")]
+    assert len(run_tags) == 5
+
+    report = live_maintenance(config_path=str(config))
+    chunks = connect(cfg.store.uri).open_table(cfg.store.chunks_table)
+    after = report["tables"][cfg.store.chunks_table]["after"]
+    assert after["versions"] < before and after["fragments"] <= 2, report["tables"][cfg.store.chunks_table]
+    kept = [t for t in chunks.tags.list() if t.startswith("run-")]
+    assert len(kept) == 1, "five runs within one hour: the hour's last tag stays"
+    assert report["run_folders_pruned"] == 3
+    assert len([p for p in Path(cfg.store.artifacts).iterdir() if p.name.startswith("run-")]) == 2
+    assert _found(config, f"{WORD}3") and not _found(config, f"{WORD}2")
+    assert search(f"{WORD}3", k=1, mode="fulltext", config=config, as_of=kept[0]), "as_of the kept tag"
+
+
+# --- `inlet watch` as a user runs it, against a real Prefect server --------------------------------------------
+
+
+class Watch:
+    """`inlet watch --json` in a process of its own; its JSON lines read as they come."""
+
+    def __init__(self, env: dict[str, str], config: Path, **extra_env: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "inlet.cli", "watch", "--json", "--config", str(config)],
+                                     env={**env, **extra_env}, cwd=ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[dict] = queue.Queue()
+        self.seen: list[dict] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.lines.put(json.loads(line))
+
+    def next(self, kind: str = "ingest", timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                stderr = self.proc.stderr.read()[-3000:] if self.proc.poll() is not None and self.proc.stderr else ""
+                raise AssertionError(f"no {kind} line in {timeout} s (exit {self.proc.poll()}): {stderr}") from None
+            self.seen.append(line)
+            if line["kind"] == kind:
+                return line
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
+
+
+async def _watch_runs(url: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: url}):
+        async with get_client() as client:
+            return await client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["inlet-watch"])))
+
+
+def test_each_micro_batch_is_a_flow_run_with_every_stage_a_task_run_on_a_real_server(server, corpus,  # noqa: F811
+                                                                                        write_config):
+    config = write_config(corpus, watch={"settle_ms": 50})
+    watcher = Watch(server, config)
+    try:
+        assert watcher.next("ready")["events"] is True
+        assert watcher.next()["docs_new"] == 5
+        faq = corpus / "harbour-faq.txt"
+        faq.write_text(faq.read_text() + f"\nThe {WORD} calls at the fuel dock.\n")
+        edit = watcher.next()
+        assert edit["why"] == ["events"] and edit["docs_changed"] == 1 and edit["error"] is None
+    finally:
+        assert watcher.stop() == 0, "SIGTERM ends the watcher cleanly"
+    url = server["PREFECT_API_URL"]
+    runs = sorted(asyncio.run(_watch_runs(url)), key=lambda r: r.start_time)
+    assert len(runs) == 2 and all(r.state.is_completed() for r in runs)
+    edit_run = runs[-1]
+    expected = {"crawl": 1, "detect": 1, **dict.fromkeys(BATCH_STAGES, 1), "upsert": 1, "publish": 1, "report": 1}
+    _, tasks, artifacts, _ = _read_settled(url, edit_run.id, 1 + sum(expected.values()))
+    assert _stage_counts(tasks) == expected
+    assert any(a.key == "ingest-run-summary" for a in artifacts)
+
+
+def test_a_watcher_killed_mid_commit_and_restarted_loses_nothing_duplicates_nothing_and_repays_no_model_call(
+        server, corpus, write_config):  # noqa: F811
+    from store.tables import connect
+
+    config = write_config(corpus, watch={"settle_ms": 50})
+    first = Watch(server, config, INLET_FAILPOINT="chunks-committed@2")  # the start's run commits once
+    first.next("ready")
+    first.next()
+    (corpus / "ferry.md").write_text(f"# Ferry\n\nThe {WORD} leaves at nine.\n", encoding="utf-8")
+    assert first.proc.wait(120) == -signal.SIGKILL, "killed inside its second commit"
+
+    second = Watch(server, config)
+    try:
+        ready = second.next("ready")
+        assert len(ready["crashed"]) == 1, "the killed run is marked Crashed, not left Running"
+        redo = second.next()
+        assert redo["why"] == ["reconcile"] and redo["error"] is None
+        assert redo["texts_embedded"] == 0, "the vector paid for before the kill came from the model cache"
+    finally:
+        second.stop()
+    assert _found(config, WORD)
+    cfg = load_config(config)
+    ids = connect(cfg.store.uri).open_table(cfg.store.chunks_table).to_arrow()["chunk_id"].to_pylist()
+    assert len(ids) == len(set(ids)), "no chunk twice"
+    states = sorted(r.state.type.value for r in asyncio.run(_watch_runs(server["PREFECT_API_URL"])))
+    assert states == ["COMPLETED", "COMPLETED", "CRASHED"]
