@@ -23,7 +23,7 @@ from flows.maintenance import live_maintenance
 from flows.publishing import store_resource
 from runtime.watch import Pending, Schedule, start_following
 from schemas.config import InletConfig, SourceConfig, load_config
-from schemas.errors import InletError, PublishHeldError, StoreBusyError
+from schemas.errors import PublishHeldError, StoreBusyError
 from store.tables import watcher_lock
 from tasks.crawl import path_filter
 
@@ -215,13 +215,13 @@ class Watcher:
     def maintenance_due(self, now: float) -> bool:
         """Whether live maintenance should run now: due (enough micro-batches, or long enough), and idle.
 
-        Never idle (a steady stream of changes) for 5 times the batches that make it due, it runs anyway:
+        Never idle (a steady stream of changes) for twice the batches that make it due, it runs anyway:
         the bounds on versions and files must hold under any load.
         """
         w = self.cfg.watch
         if self.emit_only or not self.since_maintenance:
             return False
-        if self.since_maintenance >= 5 * w.maintain_every:
+        if self.since_maintenance >= 2 * w.maintain_every:
             return True
         due = self.since_maintenance >= w.maintain_every or now - self.last_maintenance >= w.maintain_max_s
         return due and now - self.last_batch >= w.maintain_idle_s
@@ -242,7 +242,7 @@ class Watcher:
             batch.error = str(exc)
             self.pending.add(names, "busy")
             self.stop.wait(1.0)
-        except (InletError, Exception) as exc:  # noqa: BLE001 - the watcher outlives any one run's failure
+        except Exception as exc:  # noqa: BLE001 - the watcher outlives any one run's failure (a broken config too)
             batch.error = f"{type(exc).__name__}: {exc}"
             self.failures += 1
             self.pending.add(names, "retry")

@@ -1,17 +1,21 @@
 """`inlet mcp`: the knowledge base as Model Context Protocol tools (the official Python SDK's MCPServer).
 
 Four read-only tools: search, get_context, list_sources, versions. The caller and clearance are the server's,
-fixed when it starts; no tool takes a clearance.
+fixed when it starts; no tool takes a clearance. One resource, KB_URI, says which version is served; a client
+listening for it (the protocol's subscriptions/listen) is told within NOTICE_S of a run publishing a new one.
 """
 
 # No `from __future__ import annotations`: the SDK reads the tools' annotations at definition, and k's bound
 # is a local.
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar
 
+import anyio
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
@@ -24,6 +28,21 @@ READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempot
 INSTRUCTIONS = ("Search the documents Inlet keeps fresh. Call search first; cite each answer with the hit's "
                 "citation; call get_context for the text around a hit; list_sources and versions say what is "
                 "indexed and how fresh it is.")
+
+
+KB_URI = "inlet://knowledge-base"
+NOTICE_S = 0.5  # how often the served version is read for change notices (one small manifest read)
+
+
+async def follow_versions(kb: KnowledgeBase, bus: InMemorySubscriptionBus, every: float = NOTICE_S) -> None:
+    """Publish ResourceUpdated(KB_URI) each time the served version moves (a run published, a rollback)."""
+    last = await anyio.to_thread.run_sync(kb.published_version)
+    while True:
+        await anyio.sleep(every)
+        now = await anyio.to_thread.run_sync(kb.published_version)
+        if now != last:
+            last = now
+            await bus.publish(ResourceUpdated(uri=KB_URI))
 
 
 def _answer(fn: Callable[..., T], *args: object) -> T:
@@ -57,7 +76,17 @@ def build_server(kb: KnowledgeBase, caller: Caller) -> MCPServer:
                                                                      default=str), Served(), error)
         return result
 
-    server = MCPServer("inlet", instructions=INSTRUCTIONS, middleware=[log_refused_calls])
+    bus = InMemorySubscriptionBus()
+
+    @asynccontextmanager
+    async def notices(_: MCPServer) -> AsyncIterator[dict]:
+        async with anyio.create_task_group() as group:
+            group.start_soon(follow_versions, kb, bus)
+            yield {}
+            group.cancel_scope.cancel()
+
+    server = MCPServer("inlet", instructions=INSTRUCTIONS, middleware=[log_refused_calls], subscriptions=bus,
+                       lifespan=notices)
     max_k = kb.cfg.serving.max_k
 
     @server.tool(annotations=READ_ONLY)
@@ -92,6 +121,12 @@ def build_server(kb: KnowledgeBase, caller: Caller) -> MCPServer:
     def versions() -> VersionsAnswer:
         """List the ingest runs, oldest first, and which one's version is served now."""
         return _answer(kb.versions, caller)
+
+    @server.resource(KB_URI, name="knowledge-base", mime_type="application/json",
+                     description="The version readers are served now; listen to it to hear of each new one.")
+    def knowledge_base() -> str:
+        """The served chunks-table version and the store, as JSON."""
+        return json.dumps({"version": kb.published_version(), "store": str(kb.cfg.store.uri)})
 
     return server
 

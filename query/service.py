@@ -262,6 +262,13 @@ class KnowledgeBase:
                                  last_run=runs[-1].run_id if runs else None,
                                  last_run_at=runs[-1].finished_at if runs else None)
 
+    def published_version(self) -> int | None:
+        """The chunks-table version readers are served now, None before the first run: what change notices follow."""
+        try:
+            return published_table(self.cfg)[1]
+        except StoreError:  # nothing ingested yet
+            return None
+
     def versions(self, caller: Caller) -> VersionsAnswer:
         """The runs, oldest first: times, status, the publish gate's verdict, and which one readers are served."""
         with self._call(caller, "versions", ""):

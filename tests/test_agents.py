@@ -18,15 +18,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import httpx
 import lancedb
 import pytest
 import yaml
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.subscriptions import ResourceUpdated
 
 from flows.ingest import ingest
 from query import search
+from query.mcp_server import KB_URI
 from schemas.config import ACCESS_LEVELS, load_api_keys, load_config
 from schemas.errors import ConfigError
 
@@ -156,7 +159,16 @@ def test_mcp_over_stdio_lists_typed_tools_and_serves_cited_hits_equal_to_query_s
             (corpus / "buoys.md").write_text(_note("Yellow racing buoys mark the summer course off the pier."),
                                              encoding="utf-8")
             try:
-                ingest(config_path=str(kb))
+                # A listening client is told of the new version (subscriptions/listen on the served-version resource).
+                async with client.listen(resource_subscriptions=[KB_URI]) as changes:
+                    assert KB_URI in (changes.honored.resource_subscriptions or [])
+                    served = json.loads((await client.read_resource(KB_URI)).contents[0].text)["version"]
+                    ingest(config_path=str(kb))
+                    with anyio.fail_after(10):
+                        event = await anext(aiter(changes))
+                    assert event == ResourceUpdated(uri=KB_URI)
+                    now = json.loads((await client.read_resource(KB_URI)).contents[0].text)["version"]
+                    assert now > served
                 fresh = _hits(await client.call_tool("search", {"query": "yellow racing buoys", "mode": "fulltext"}))
                 assert fresh and fresh[0]["doc_id"].endswith("buoys.md")
             finally:

@@ -1,0 +1,384 @@
+"""Benchmark: edit-to-searchable under `inlet watch`, as a user waits for it.
+
+    .venv/bin/python bench/freshness.py --embedder hashing --rate 1 --seconds 300
+    .venv/bin/python bench/freshness.py --embedder hashing --rate 10 --seconds 300
+    .venv/bin/python bench/freshness.py --embedder e5 --rate 1 --seconds 300 --files 100 --pdfs 6
+    .venv/bin/python bench/freshness.py --embedder hashing --rate 1 --seconds 3600 --soak
+
+A copy of ../shared/corpora/markdown (or its first --files files) is indexed once with the shipped config
+(configs/inlet.yaml; --embedder hashing swaps only the embedder), kept under the work folder so that later
+rounds reuse it. Then, against a Prefect server started here, `inlet watch --json` runs as a user runs it, a
+writer process changes the folder at --rate changes/s for --seconds (edits that insert a unique sentence into
+a random document, new files, deletes of files it made earlier; written in place, not renamed), and this
+process polls query.search (full-text, k=5) until each change is searchable, or each deleted file gone.
+Latencies are from the writer's write to the reader's first search that shows it. Reported: p50 / p95 / max
+per kind, the backlog (changes written, not yet seen) and the p95 per minute, the watcher's RSS over time
+and its CPU share when idle afterwards, the chunks table's versions and fragments, and query p50 at the start
+and the end. --pdfs N then replaces one PDF N times with other PDFs of ../shared/corpora/pdf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import random
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SHARED = ROOT.parent / "shared" / "corpora"
+_HEADING = re.compile(r"^#{1,6} ")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_prefect(home: Path) -> tuple[dict[str, str], subprocess.Popen]:
+    """A Prefect server (API and UI) with its own database, as `make server` starts it; its client environment."""
+    import httpx
+
+    port = _port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
+           "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    home.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start"], env=env, cwd=ROOT,
+                            stdout=(home / "server.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the Prefect server did not start: " + (home / "server.log").read_text()[-2000:])
+        time.sleep(0.5)
+    client = {k: v for k, v in env.items() if not k.startswith("PREFECT_SERVER_API_")}
+    return {**client, "PREFECT_API_URL": url}, proc
+
+
+def build_store(work: Path, embedder: str, files: int | None, env: dict[str, str]) -> Path:
+    """Copy the corpus (or its first files) and index it once with the shipped config; reused when present."""
+    corpus, config = work / "corpus", work / "inlet.yaml"
+    if not (work / ".built").exists():
+        shutil.rmtree(work, ignore_errors=True)
+        names = sorted(p for p in (SHARED / "markdown").rglob("*.md"))[:files]
+        for path in names:
+            target = corpus / path.relative_to(SHARED / "markdown")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+        shipped = yaml.safe_load((ROOT / "configs" / "inlet.yaml").read_text())
+        shipped["sources"] = [{"name": "docs", "path": "corpus", "include": ["**/*.md", "**/*.pdf"],
+                               "metadata": {"doc_type": "docs"}, "max_delete_share": 0.5}]
+        shipped["store"] = {**shipped.get("store", {}), "uri": "store/lancedb", "artifacts": "store/runs"}
+        if embedder != "e5":
+            shipped["embedding"] = {**shipped.get("embedding", {}), "kind": embedder}
+        config.write_text(yaml.safe_dump(shipped), encoding="utf-8")
+        begin = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "inlet.cli", "ingest", "--quiet", "--config", str(config)], env=env,
+                       cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        (work / ".built").write_text(json.dumps({"files": len(names), "seconds": time.perf_counter() - begin}))
+    return config
+
+
+def _insert(path: Path, sentence: str, rng: random.Random) -> None:
+    """Insert a paragraph before a random heading outside code fences (at the end if there is none)."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    fenced, spots = False, []
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and i > 0 and _HEADING.match(line):
+            spots.append(i)
+    at = rng.choice(spots) if spots else len(lines)
+    lines[at:at] = [sentence, ""]
+    with path.open("w", encoding="utf-8") as fh:  # in place, as an editor saving over the file does
+        fh.write("\n".join(lines) + "\n")
+
+
+def writer(folder: str, rate: float, seconds: float, out: mp.Queue, seed: int) -> None:
+    """Change the folder at rate changes/s for seconds: 60% edits, 20% new files, 20% deletes of its own files."""
+    rng = random.Random(seed)
+    root = Path(folder)
+    docs = sorted(p for p in root.rglob("*.md") if "live" not in p.parts)
+    made: list[tuple[float, Path, str]] = []
+    (root / "live").mkdir(exist_ok=True)
+    begin = time.monotonic()
+    n = 0
+    while time.monotonic() - begin < seconds:
+        due = begin + n / rate
+        time.sleep(max(0.0, due - time.monotonic()))
+        token = f"zq{seed}x{n}k"
+        roll = rng.random()
+        old = [m for m in made if time.monotonic() - m[0] > 5]
+        if roll < 0.2 and old:
+            item = old[0]
+            made.remove(item)
+            item[1].unlink()
+            out.put(("delete", item[2], str(item[1]), time.time()))
+        elif roll < 0.4:
+            path = root / "live" / f"{token}.md"
+            path.write_text(f"# Live note {n}\n\nThe {token} marker names a note made while watching.\n",
+                            encoding="utf-8")
+            made.append((time.monotonic(), path, token))
+            out.put(("create", token, str(path), time.time()))
+        else:
+            path = rng.choice(docs)
+            _insert(path, f"The {token} marker was inserted by the live edit benchmark.", rng)
+            out.put(("edit", token, str(path), time.time()))
+        n += 1
+    out.put(None)
+
+
+def _visible(config: Path, token: str) -> bool:
+    from query import search
+
+    return any(token in hit.text for hit in search(token, k=5, mode="fulltext", config=config))
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50, p95 and max, in seconds (None when there are none)."""
+    if not values:
+        return {"n": 0, "p50": None, "p95": None, "max": None}
+    ordered = sorted(values)
+    return {"n": len(values), "p50": round(statistics.median(ordered), 3),
+            "p95": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 3), "max": round(ordered[-1], 3)}
+
+
+class Watcher:
+    """`inlet watch --json` as a process; its lines kept, its RSS and CPU sampled."""
+
+    def __init__(self, config: Path, env: dict[str, str], log: Path) -> None:
+        import psutil
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "inlet.cli", "watch", "--json", "--config", str(config)],
+                                     env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+        self.ps = psutil.Process(self.proc.pid)
+        self.lines: queue.Queue[dict] = queue.Queue()
+        self.batches: list[dict] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout or []:
+            if line.startswith("{"):
+                item = json.loads(line)
+                self.lines.put(item)
+                if item["kind"] != "ready":
+                    self.batches.append(item)
+
+    def wait_for(self, kind: str, timeout: float = 3600) -> dict:
+        """The next line of this kind."""
+        deadline = time.monotonic() + timeout
+        while True:
+            item = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            if item["kind"] == kind:
+                return item
+
+    def rss_mb(self) -> float:
+        return self.ps.memory_info().rss / 2**20
+
+    def cpu_share(self, seconds: float) -> float:
+        """Share of one core the watcher used over the next seconds."""
+        before = self.ps.cpu_times()
+        time.sleep(seconds)
+        after = self.ps.cpu_times()
+        return ((after.user - before.user) + (after.system - before.system)) / seconds
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(120)
+
+
+def query_p50(config: Path, n: int = 40) -> float:
+    """Median wall time of a default-mode search (k=5) over n different queries, in ms."""
+    from query import search
+
+    words = ["collector", "exporter", "sampling", "metrics", "tracing", "context propagation", "instrumentation",
+             "semantic conventions", "resource attributes", "batch processor"]
+    times = []
+    for i in range(n):
+        begin = time.perf_counter()
+        search(words[i % len(words)] + (" setup" if i >= len(words) else ""), k=5, config=config)
+        times.append((time.perf_counter() - begin) * 1000)
+    return round(statistics.median(times[2:]), 2)
+
+
+def table_shape(config: Path) -> dict[str, int]:
+    """Versions, fragments and rows of the chunks table; run tags kept."""
+    import lancedb
+
+    from schemas.config import load_config
+
+    cfg = load_config(config)
+    table = lancedb.connect(cfg.store.uri).open_table(cfg.store.chunks_table)
+    return {"versions": len(table.list_versions()), "fragments": table.stats()["fragment_stats"]["num_fragments"],
+            "rows": table.count_rows(), "run_tags": sum(1 for t in table.tags.list() if t.startswith("run-"))}
+
+
+def load(config: Path, watcher: Watcher, rate: float, seconds: float, seed: int) -> dict:
+    """Run the writer process against the watched folder and measure each change until it is searchable."""
+    folder = str(config.parent / "corpus")
+    changes: mp.Queue = mp.get_context("spawn").Queue()
+    proc = mp.get_context("spawn").Process(target=writer, args=(folder, rate, seconds, changes, seed))
+    begin = time.time()
+    proc.start()
+    waiting: list[tuple[str, str, str, float]] = []
+    created_seen: set[str] = set()
+    done: dict[str, list[tuple[float, float]]] = {"edit": [], "create": [], "delete": []}  # (written at, latency)
+    backlog, rss = [], []
+    writing, last_sample = True, 0.0
+    while writing or waiting:
+        while True:
+            try:
+                item = changes.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                writing = False
+            else:
+                waiting.append(item)
+        now = time.time()
+        for change in list(waiting):
+            kind, token, _, written = change
+            seen = _visible(config, token)
+            if (kind != "delete" and seen) or (kind == "delete" and not seen):
+                waiting.remove(change)
+                if kind == "delete" and token not in created_seen:
+                    continue  # its creation was never seen: nothing to measure
+                if kind == "create":
+                    created_seen.add(token)
+                done[kind].append((written - begin, time.time() - written))
+        if now - last_sample >= 1:
+            last_sample = now
+            backlog.append((round(now - begin, 1), len(waiting)))
+            rss.append((round(now - begin, 1), round(watcher.rss_mb(), 1)))
+        if not writing and waiting and now - waiting[0][3] > 300:
+            raise RuntimeError(f"changes not searchable after 300 s: {waiting[:3]}")
+        time.sleep(0.01)
+    proc.join()
+    minutes: dict[int, list[float]] = {}
+    for kind in ("edit", "create"):
+        for at, latency in done[kind]:
+            minutes.setdefault(int(at // 60), []).append(latency)
+    per_minute = {m: percentiles(v)["p95"] for m, v in sorted(minutes.items())}
+    return {"edit": percentiles([x for _, x in done["edit"]]), "create": percentiles([x for _, x in done["create"]]),
+            "delete": percentiles([x for _, x in done["delete"]]), "p95_per_minute": per_minute,
+            "backlog_max": max((b for _, b in backlog), default=0), "backlog": backlog[::10], "rss_mb": rss[::30],
+            "rss_growth_mb": round(rss[-1][1] - rss[0][1], 1) if rss else None}
+
+
+def _pdf_token(path: Path, others: list[Path]) -> str | None:
+    """A word of the PDF's text layer that no other chosen PDF has: a search for it finds this one only."""
+    from pypdf import PdfReader
+
+    def words(p: Path) -> set[str]:
+        try:
+            text = " ".join(page.extract_text() or "" for page in PdfReader(p).pages[:20])
+        except Exception:  # noqa: BLE001 - an unreadable PDF offers no token
+            return set()
+        return {w.lower() for w in re.findall(r"[A-Za-z]{9,}", text)}
+
+    mine = words(path) - set().union(*(words(o) for o in others if o != path))
+    return sorted(mine)[0] if mine else None
+
+
+def replaced_pdfs(config: Path, n: int, seed: int) -> dict:
+    """Replace one PDF n times with other PDFs; time each replacement until a word only the new one has is found."""
+    rng = random.Random(seed)
+    pool = [p for p in sorted((SHARED / "pdf").rglob("*.pdf")) if 20_000 < p.stat().st_size < 2_000_000]
+    rng.shuffle(pool)
+    chosen, tokens = [], {}
+    for p in pool:
+        if len(chosen) > n:
+            break
+        token = _pdf_token(p, chosen)
+        if token:
+            chosen.append(p)
+    for p in chosen:
+        tokens[p] = _pdf_token(p, chosen)
+    chosen = [p for p in chosen if tokens[p]]
+    target = config.parent / "corpus" / "live" / "replaced.pdf"
+    target.parent.mkdir(exist_ok=True)
+    latencies = []
+    for i, pdf in enumerate(chosen):
+        tmp = target.with_suffix(".tmp")
+        shutil.copyfile(pdf, tmp)
+        os.replace(tmp, target)  # a replaced file: the new bytes appear at once
+        written = time.time()
+        while not _visible(config, tokens[pdf]):
+            if time.time() - written > 120:
+                raise RuntimeError(f"{pdf.name} not searchable after 120 s")
+            time.sleep(0.02)
+        if i:  # the first is a new file (and starts the extraction workers); the rest replace it
+            latencies.append(time.time() - written)
+    return {"replaced": percentiles(latencies), "pdfs": [p.name for p in chosen]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--embedder", default="hashing", choices=["e5", "hashing", "minilm", "static"])
+    parser.add_argument("--rate", type=float, default=1.0, help="changes per second")
+    parser.add_argument("--seconds", type=float, default=300)
+    parser.add_argument("--files", type=int, default=None, help="index only the first N Markdown files")
+    parser.add_argument("--pdfs", type=int, default=0, help="then replace a PDF this many times")
+    parser.add_argument("--idle", type=float, default=30, help="seconds of idle CPU measured after the load")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/inlet-bench-freshness"))
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--soak", action="store_true", help="also report table shape and query p50 at start/end")
+    args = parser.parse_args()
+    if not (SHARED / "markdown").is_dir():
+        sys.exit("../shared/corpora/markdown is not present")
+    import providers  # noqa: F401 - offline switches
+
+    work = args.work / f"{args.embedder}-{args.files or 'all'}"
+    env, server = start_prefect(args.work / "prefect")
+    try:
+        config = build_store(work, args.embedder, args.files, env)
+        shutil.rmtree(config.parent / "corpus" / "live", ignore_errors=True)  # a previous round's notes
+        # What this process reads: the same server, the same offline switches.
+        os.environ.update({k: v for k, v in env.items() if k.startswith("PREFECT_")})
+        watcher = Watcher(config, env, work / "watch.log")
+        ready = watcher.wait_for("ready", 600)
+        first = watcher.wait_for("ingest", 3600)
+        result: dict = {"embedder": args.embedder, "rate": args.rate, "seconds": args.seconds,
+                        "files": json.loads((work / ".built").read_text())["files"], "warm_up": ready["warmed"],
+                        "first_reconcile_s": first["seconds"]}
+        if args.soak:
+            result["start"] = {**table_shape(config), "query_p50_ms": query_p50(config)}
+        result["load"] = load(config, watcher, args.rate, args.seconds, args.seed)
+        batches = [b for b in watcher.batches if b["kind"] == "ingest" and b["error"] is None]
+        result["micro_batches"] = len(batches)
+        result["maintenance_runs"] = sum(1 for b in watcher.batches if b["kind"] == "maintenance")
+        result["errors"] = [b["error"] for b in watcher.batches if b["error"]][:5]
+        result["idle_cpu_share"] = round(watcher.cpu_share(args.idle), 4)
+        result["rss_mb_end"] = round(watcher.rss_mb(), 1)
+        if args.pdfs:
+            result["pdf"] = replaced_pdfs(config, args.pdfs, args.seed)
+        if args.soak:
+            result["end"] = {**table_shape(config), "query_p50_ms": query_p50(config)}
+        watcher.stop()
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(60)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
