@@ -116,6 +116,7 @@ def _insert(path: Path, sentence: str, rng: random.Random) -> None:
 def writer(folder: str, rate: float, seconds: float, out: mp.Queue, seed: int) -> None:
     """Change the folder at rate changes/s for seconds: 60% edits, 20% new files, 20% deletes of its own files."""
     rng = random.Random(seed)
+    nonce = os.urandom(3).hex()  # tokens new to this round: earlier rounds' edits stay in the kept corpus
     root = Path(folder)
     docs = sorted(p for p in root.rglob("*.md") if "live" not in p.parts)
     made: list[tuple[float, Path, str]] = []
@@ -125,7 +126,7 @@ def writer(folder: str, rate: float, seconds: float, out: mp.Queue, seed: int) -
     while time.monotonic() - begin < seconds:
         due = begin + n / rate
         time.sleep(max(0.0, due - time.monotonic()))
-        token = f"zq{seed}x{n}k"
+        token = f"zq{nonce}x{n}k"
         roll = rng.random()
         old = [m for m in made if time.monotonic() - m[0] > 5]
         if roll < 0.2 and old:
@@ -365,6 +366,9 @@ def main() -> None:
         result["load"] = load(config, watcher, args.rate, args.seconds, args.seed)
         batches = [b for b in watcher.batches if b["kind"] == "ingest" and b["error"] is None]
         result["micro_batches"] = len(batches)
+        result["batch_seconds"] = percentiles([b["seconds"] for b in batches])
+        with (work / "batches.jsonl").open("w") as fh:  # every micro-batch's line, for a closer look
+            fh.writelines(json.dumps(b) + "\n" for b in watcher.batches)
         result["maintenance_runs"] = sum(1 for b in watcher.batches if b["kind"] == "maintenance")
         result["errors"] = [b["error"] for b in watcher.batches if b["error"]][:5]
         result["idle_cpu_share"] = round(watcher.cpu_share(args.idle), 4)

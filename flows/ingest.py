@@ -43,7 +43,7 @@ from store.tables import (
     use_store_options,
     writer_lock,
 )
-from tasks.crawl import crawl_stage
+from tasks.crawl import crawl_stage, scope_of_paths
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
 from tasks.load import tidy_cache_stage
 from tasks.plan import batch_bytes, plan_batches, write_batch_documents
@@ -84,7 +84,7 @@ def new_run_id(now: datetime, kind: str = "run") -> str:
 @flow(name="ingest", log_prints=True)
 def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = False,
            allow_deletions: bool = False, dry_run: bool = False, max_cost_usd: float | None = None,
-           allow_cost: bool = False, sources: list[str] | None = None) -> dict:
+           allow_cost: bool = False, sources: list[str] | None = None, paths: list[str] | None = None) -> dict:
     """Bring the LanceDB store up to date with the configured sources; return the run summary.
 
     config -> crawl -> detect -> plan batches -> per batch on the task runner (extract -> chunk -> refresh ->
@@ -103,6 +103,9 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     allow_cost lifts the ceiling for this run.
     sources: crawl only these sources (by name); the others' documents are left as they are. `inlet watch` runs a
     micro-batch over the sources an event or a poll named, and every source at reconciliation.
+    paths: absolute paths (files or folders) that events named: a local folder source holding any of them is
+    listed at those paths only, and only its documents there can be found changed or deleted; the rest of it is
+    left as it is (live mode: a micro-batch's work follows the change, not the folder's size).
     """
     begin = time.perf_counter()
     cfg = only_sources(load_config(config_path), sources, config_path)
@@ -117,11 +120,12 @@ def ingest(config_path: str = str(DEFAULT_CONFIG), retry_quarantined: bool = Fal
     with lock:
         known_main = known_documents(connect(cfg.store.uri), cfg.store.documents_table)
         web = any(src.kind == "web" for src in cfg.sources)  # the known pages' validators make requests conditional
+        scope = scope_of_paths(cfg, paths)
         listing, failed_sources, crawl_notices = clock.run("crawl", crawl_stage, cfg, run.run_dir,
-                                                           known_main if web else None)
+                                                           known_main if web else None, scope)
         failpoint("crawled")
         detected = [detect_index(plan, listing, known_main, failed_sources, config_path, cfg, clock,
-                                 retry_quarantined, allow_deletions) for plan in plans]
+                                 retry_quarantined, allow_deletions, scope) for plan in plans]
         failpoint("detected")
         batches, sizes = plan_run_batches(cfg, plans, detected, clock)
         ceiling = None if allow_cost else (max_cost_usd if max_cost_usd is not None else cfg.run.max_cost_usd)
@@ -263,7 +267,7 @@ class Detected:
 
 def detect_index(plan: IndexPlan, listing: str, known_main: pa.Table, failed_sources: dict[str, str],
                  config_path: str, cfg: InletConfig, clock: Stopwatch, retry_quarantined: bool,
-                 allow_deletions: bool) -> Detected:
+                 allow_deletions: bool, scope: dict[str, list[str]] | None = None) -> Detected:
     """Detect what changed for one index against its own documents table."""
     suffix = _suffix(plan)
     # Before any model call: a run found out at its first commit, after paying for the batch's vectors.
@@ -277,7 +281,8 @@ def detect_index(plan: IndexPlan, listing: str, known_main: pa.Table, failed_sou
     markers = inflight.left(_inflight_dir(plan.cfg))
     interrupted = frozenset(d for ids in markers.values() for d in ids)
     documents, notices = clock.run("detect" + suffix, detect_stage, listing, known, settings_fp, plan.cfg,
-                                   plan.run_dir, retry_quarantined, failed_sources, allow_deletions, interrupted)
+                                   plan.run_dir, retry_quarantined, failed_sources, allow_deletions, interrupted,
+                                   scope)
     return Detected(settings_fp, documents, known, markers, notices)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from prefect import flow, tags
+from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from flows.ingest import DEFAULT_CONFIG, ingest
@@ -27,7 +27,7 @@ from schemas.errors import PublishHeldError, StoreBusyError
 from store.tables import watcher_lock
 from tasks.crawl import path_filter
 
-WATCH_TAG = "inlet-watch"  # every micro-batch run carries it: the UI filters on it, a restart finds its dead runs
+RUN_PREFIX = "watch-"  # every micro-batch run's name starts so: the UI filters on it, a restart finds its dead runs
 CHANGED_EVENT = "inlet.sources.changed"  # what `inlet watch --emit-only` emits instead of running
 RECONCILE = "reconcile"
 MAINTAIN = "maintain"
@@ -50,13 +50,14 @@ class Batch:
     def line(self) -> dict:
         """One JSON-able line for logs, `inlet watch --json` and the freshness benchmark."""
         s = self.summary or {}
-        keys = ("run_id", "docs_new", "docs_changed", "docs_deleted", "docs_quarantined", "chunks_added",
+        keys = ("run_id", "docs_new", "docs_changed", "docs_unchanged", "docs_deleted", "docs_quarantined", "chunks_added",
                 "chunks_removed", "texts_embedded", "texts_enriched", "texts_embed_cached")
         return {"kind": self.kind, "sources": self.sources, "why": sorted(set(self.why.values())),
                 "at": self.started.isoformat(), "seconds": round(self.seconds, 3),
                 "since_notice": None if self.since_notice is None else round(self.since_notice, 3),
                 "error": self.error, **{k: s[k] for k in keys if k in s},
-                "version": (s.get("versions") or {}).get("chunks")}
+                "version": (s.get("versions") or {}).get("chunks"),
+                "slowest": dict(sorted((s.get("stage_seconds") or {}).items(), key=lambda kv: -kv[1])[:3])}
 
 
 def local_roots(cfg: InletConfig) -> list[Path]:
@@ -135,15 +136,15 @@ def crash_dead_runs(cfg: InletConfig, config_path: str) -> list[str]:
     Called while holding the watcher lock: no other watcher of this store is alive, so any such run is dead.
     """
     from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, \
-        FlowRunFilterTags
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterState, \
+        FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 
     crashed = []
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            tags=FlowRunFilterTags(all_=[WATCH_TAG]),
+            name=FlowRunFilterName(like_=RUN_PREFIX),
             state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))))
         for run in runs:
             if str(run.parameters.get("config_path")) != config_path:
@@ -162,18 +163,22 @@ def emit_changed(cfg: InletConfig, config_path: str, sources: list[str], why: di
                payload={"config_path": config_path, "sources": sources, "why": sorted(set(why.values()))})
 
 
-def run_micro_batch(config_path: str, sources: list[str] | None) -> dict:
-    """Run the ordinary ingest flow over these sources (None: all) as a tagged run; return its summary.
+def run_micro_batch(config_path: str, sources: list[str] | None, paths: list[str] | None = None) -> dict:
+    """Run the ordinary ingest flow over these sources (None: all) as a run named watch-<time>; return its summary.
 
-    Heartbeats off: a sync flow run ends by joining its heartbeat thread, which sleeps in whole seconds (up
-    to 1 s per micro-batch, most of a small change's latency). A watcher killed mid-run leaves that run
-    Running; the next watcher marks it Crashed at start (crash_dead_runs).
+    paths: what events named; a local folder source holding any of them is listed there only.
+
+    Called with heartbeats off (watch_loop): a sync flow run ends by joining its heartbeat thread, which sleeps
+    in whole seconds (up to 1 s per micro-batch, most of a small change's latency). A watcher killed mid-run
+    leaves that run Running; the next watcher marks it Crashed at start (crash_dead_runs).
     """
-    with tags(WATCH_TAG), temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        try:
-            return ingest(config_path=config_path, sources=sources)
-        except PublishHeldError as exc:  # committed, not published: the run is Held in the UI; the watcher goes on
-            return exc.summary
+    # Named, not tagged: a tag would reach every task run, and each task run then asks the API for the tag's
+    # concurrency slots (~15 round trips per micro-batch).
+    name = f"{RUN_PREFIX}{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
+    try:
+        return ingest.with_options(flow_run_name=name)(config_path=config_path, sources=sources, paths=paths)
+    except PublishHeldError as exc:  # committed, not published: the run is Held in the UI; the watcher goes on
+        return exc.summary
 
 
 @dataclass
@@ -198,15 +203,20 @@ class Watcher:
 
     def step(self, schedule: Schedule) -> None:
         """Wait for the next due work and do it: a micro-batch, an emitted event, or maintenance when idle."""
-        due, first = self.pending.take(schedule.wait(time.monotonic()))
+        due, first, paths = self.pending.take(schedule.wait(time.monotonic()))
         now = time.monotonic()
         periodic = schedule.due(now)
         if RECONCILE in periodic or RECONCILE in due.values():
             due = dict.fromkeys(self.source_names(), RECONCILE) | {k: v for k, v in due.items() if v != "events"}
+            paths = {}
             schedule.reset(RECONCILE, now)
-        due |= {name.removeprefix("poll:"): "poll" for name in periodic if name.startswith("poll:")}
+        polled = {name.removeprefix("poll:"): "poll" for name in periodic if name.startswith("poll:")}
+        due |= polled
+        # Paths only for sources that events alone made due; the others are listed whole.
+        scoped = sorted(p for name, named in paths.items() if named and name not in polled and due.get(name) == "events"
+                        for p in named)
         if due:
-            self._ingest(due, first if first is not None else now)
+            self._ingest(due, first if first is not None else now, scoped)
             self.last_batch = time.monotonic()
         if MAINTAIN in periodic and self.maintenance_due(time.monotonic()):
             self._maintain()
@@ -226,7 +236,7 @@ class Watcher:
         due = self.since_maintenance >= w.maintain_every or now - self.last_maintenance >= w.maintain_max_s
         return due and now - self.last_batch >= w.maintain_idle_s
 
-    def _ingest(self, due: dict[str, str], first: float) -> None:
+    def _ingest(self, due: dict[str, str], first: float, paths: list[str]) -> None:
         names = [n for n in self.source_names() if n in due]
         started = datetime.now(UTC)
         begin = time.monotonic()
@@ -235,12 +245,14 @@ class Watcher:
             if self.emit_only:
                 emit_changed(self.cfg, self.config_path, names, due)
             else:
-                batch.summary = run_micro_batch(self.config_path, None if len(names) == len(self.source_names()) else names)
+                batch.summary = run_micro_batch(self.config_path,
+                                                None if len(names) == len(self.source_names()) else names,
+                                                paths or None)
             self.failures = 0
             self.since_maintenance += 1
         except StoreBusyError as exc:  # another writer (a scheduled run, maintenance): its turn first, then ours
             batch.error = str(exc)
-            self.pending.add(names, "busy")
+            self.pending.add(names, "busy")  # whole sources: simpler than keeping the paths, and rare
             self.stop.wait(1.0)
         except Exception as exc:  # noqa: BLE001 - the watcher outlives any one run's failure (a broken config too)
             batch.error = f"{type(exc).__name__}: {exc}"
@@ -256,8 +268,7 @@ class Watcher:
         begin = time.monotonic()
         batch = Batch([], {}, started, 0.0, None, kind="maintenance")
         try:
-            with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-                batch.summary = live_maintenance(config_path=self.config_path)
+            batch.summary = live_maintenance(config_path=self.config_path)
             self.since_maintenance = 0
         except StoreBusyError as exc:
             batch.error = str(exc)
@@ -305,8 +316,10 @@ def watch_loop(config_path: str | Path = DEFAULT_CONFIG, *, events: bool | None 
         if on_ready is not None:
             on_ready({"events": watcher.events_on, "roots": [str(r) for r in roots], "warmed": warmed,
                       "crashed": crashed, "polled": polled_sources(cfg), "reconcile_s": cfg.watch.reconcile_s})
-        while not stop.is_set():
-            watcher.step(schedule)
+        # Once for the watcher's life, not per micro-batch (building settings costs ~10 ms): no run heartbeats.
+        with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            while not stop.is_set():
+                watcher.step(schedule)
 
 
 @flow(name="watch", log_prints=True)

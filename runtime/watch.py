@@ -14,30 +14,39 @@ Route = Callable[[str], set[str]]  # an event's path -> the names of the sources
 
 
 class Pending:
-    """Sources with changes not yet ingested, and why; event and poll threads add, the watch loop takes."""
+    """Sources with changes not yet ingested, why, and the paths events named; threads add, the watch loop takes."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._due: dict[str, str] = {}
+        self._paths: dict[str, set[str] | None] = {}  # None: the whole source must be listed
         self._first: float | None = None  # when the oldest unhandled notice came (monotonic)
 
-    def add(self, names: Iterable[str], why: str) -> None:
-        """Mark sources due, keeping the first reason each was marked for."""
+    def add(self, names: Iterable[str], why: str, paths: dict[str, set[str]] | None = None) -> None:
+        """Mark sources due, keeping the first reason each was marked for; paths: what events named, per source.
+
+        A source marked without paths (a reconciliation, a poll, a retry) is listed whole, whatever else is pending.
+        """
         with self._cond:
             for name in names:
                 self._due.setdefault(name, why)
+                named = (paths or {}).get(name)
+                if named is None:
+                    self._paths[name] = None
+                elif self._paths.get(name, set()) is not None:
+                    self._paths[name] = self._paths.get(name, set()) | named
             if self._due and self._first is None:
                 self._first = time.monotonic()
             self._cond.notify_all()
 
-    def take(self, timeout: float) -> tuple[dict[str, str], float | None]:
-        """Wait up to timeout for due sources; return them with why, and when the oldest notice came, and clear."""
+    def take(self, timeout: float) -> tuple[dict[str, str], float | None, dict[str, set[str] | None]]:
+        """Wait up to timeout for due sources; return them with why, the oldest notice's time and their paths; clear."""
         with self._cond:
             if not self._due:
                 self._cond.wait(max(timeout, 0.0))
-            due, first = self._due, self._first
-            self._due, self._first = {}, None
-            return due, first
+            due, first, paths = self._due, self._first, self._paths
+            self._due, self._first, self._paths = {}, None, {}
+            return due, first, paths
 
 
 def follow(roots: list[Path], route: Route, pending: Pending, stop: threading.Event, *, settle_ms: int,
@@ -55,12 +64,13 @@ def follow(roots: list[Path], route: Route, pending: Pending, stop: threading.Ev
         for changes in watchfiles.watch(*roots, watch_filter=None, debounce=max_wait_ms, step=settle_ms,
                                         stop_event=stop, rust_timeout=1000, yield_on_timeout=False,
                                         raise_interrupt=False, ignore_permission_denied=True):
-            names: set[str] = set()
+            named: dict[str, set[str]] = {}
             for _, path in changes:
-                names |= route(path)
-            if names:
-                log.debug("events for %s", ", ".join(sorted(names)))
-                pending.add(names, "events")
+                for name in route(path):
+                    named.setdefault(name, set()).add(path)
+            if named:
+                log.debug("events for %s", ", ".join(sorted(named)))
+                pending.add(named, "events", named)
     except Exception as exc:  # noqa: BLE001 - any failure of the OS watch ends events, not the watcher
         if not stop.is_set():
             on_failure(exc)

@@ -490,7 +490,7 @@ class WatchConfig(_Strict):
 
     events: bool = Field(True, description="Watch local folders and bundle files with file-system events; false: "
                          "only the reconciliation crawl and polling notice changes (network file systems).")
-    settle_ms: int = Field(100, ge=10, le=60_000, description="A set of changes is settled once no further event "
+    settle_ms: int = Field(50, ge=10, le=60_000, description="A set of changes is settled once no further event "
                            "came for this long: a file still being written keeps moving it on.")
     max_wait_ms: int = Field(1000, ge=10, le=600_000, description="Under a steady stream of events, a micro-batch "
                              "starts at the latest this long after the first event of its set.")

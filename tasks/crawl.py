@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import quote_from_bytes
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import ValidationError
@@ -99,9 +100,30 @@ def path_filter(include: tuple[str, ...], exclude: tuple[str, ...]) -> Callable[
     return lambda rel: bool(wanted.match(rel)) and not (unwanted and unwanted.match(rel))
 
 
+def _start_points(root: Path, only: list[str] | None) -> list[tuple[str, str, str | None]]:
+    """Where a listing starts: (folder, its relative prefix, the one name wanted there or None for all, recursively).
+
+    only (relative paths): a folder is listed whole; a file (or a path now gone) by reading its parent folder
+    alone, so that it meets the same checks as in a full listing.
+    """
+    if only is None:
+        return [(str(root), "", None)]
+    points = []
+    for rel in dict.fromkeys(r.strip("/") for r in only):
+        full = os.path.join(str(root), rel)
+        if rel and os.path.isdir(full) and not os.path.islink(full):
+            points.append((full, f"{rel}/", None))
+        elif rel:
+            parent, _, name = rel.rpartition("/")
+            points.append((os.path.join(str(root), parent) if parent else str(root), f"{parent}/" if parent else "",
+                           name))
+    return points
+
+
 def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...],
                    outside: list[str] | None = None, unnamed: list[str] | None = None,
-                   special: list[str] | None = None) -> list[tuple[str, str, os.stat_result]]:
+                   special: list[str] | None = None, only: list[str] | None = None,
+                   ) -> list[tuple[str, str, os.stat_result]]:
     """Return (relative posix path, path, stat) of files under root matched by include and not by exclude, sorted.
 
     Paths are strings, as os.scandir gives them: a pathlib object per file cost more than the listing itself.
@@ -111,26 +133,30 @@ def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...
     vanishes while listed (or a dangling link) is left out, and so is one whose path is not valid UTF-8
     (named in unnamed, escaped): no id, URI or Arrow string can hold it. So is anything but a regular file
     (a named pipe, a socket, a device: named in special), whose read would wait forever.
+    only: list just these relative paths (files, or folders with all they hold), as live mode does for the
+    paths its events named.
     """
     taken = path_filter(include, exclude)
     real_root = root.resolve()
     out = []
-    pending = [(str(root), "")]
+    pending = _start_points(root, only)
     # os.scandir: one directory read gives names, kinds and (for plain files) no extra lstat; several
     # times faster than Path.glob, and symlinked folders are not entered.
     while pending:
-        folder, prefix = pending.pop()
+        folder, prefix, wanted = pending.pop()
         try:
             entries = list(os.scandir(folder))
         except OSError:
-            if not prefix:  # the root itself
+            if not prefix and only is None:  # the root itself
                 raise
             continue
         for entry in entries:
+            if wanted is not None and entry.name != wanted:
+                continue
             rel = f"{prefix}{entry.name}"
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    pending.append((entry.path, f"{rel}/"))
+                    pending.append((entry.path, f"{rel}/", None))
                     continue
                 if entry.is_symlink() and entry.is_dir():
                     continue  # a symlinked folder: never entered
@@ -154,7 +180,8 @@ def matching_files(root: Path, include: tuple[str, ...], exclude: tuple[str, ...
                     unnamed.append(os.fsencode(rel).decode("utf-8", "backslashreplace"))
                 continue
             out.append((rel, entry.path, stat))
-    return sorted(out, key=lambda item: item[0])
+    return sorted(dict.fromkeys(out), key=lambda item: item[0]) if only is not None else sorted(
+        out, key=lambda item: item[0])
 
 
 @dataclass
@@ -285,8 +312,11 @@ def list_objects(src: SourceConfig) -> Listed:
 
 
 def list_source(src: SourceConfig, known: dict[str, dict] | None = None, fetched_dir: str | None = None,
-                max_bytes: int = 100 << 20) -> Listed:
-    """List one source's documents as listing rows; a source that cannot be listed is a failed listing."""
+                max_bytes: int = 100 << 20, only: list[str] | None = None) -> Listed:
+    """List one source's documents as listing rows; a source that cannot be listed is a failed listing.
+
+    only (a local folder source): list just these relative paths (live mode's scope, scope_of_paths).
+    """
     if src.kind == "bundle":
         return list_bundle(src)
     if src.kind == "web":
@@ -299,7 +329,7 @@ def list_source(src: SourceConfig, known: dict[str, dict] | None = None, fetched
     unnamed: list[str] = []
     special: list[str] = []
     try:
-        files = matching_files(src.path, src.include, src.exclude, outside, unnamed, special)
+        files = matching_files(src.path, src.include, src.exclude, outside, unnamed, special, only)
     except OSError as exc:
         return Listed(failure=f"folder {src.path} could not be listed ({exc})")
     notices = []
@@ -349,11 +379,37 @@ def folder_listing(src: SourceConfig, files: list[tuple[str, str, os.stat_result
                                 schema=LISTING_SCHEMA)
 
 
-def crawl_sources(cfg: InletConfig, known: pa.Table | None = None,
-                  run_dir: str | Path = ".") -> tuple[pa.Table, dict[str, str], list[str]]:
+def scope_of_paths(cfg: InletConfig, paths: list[str] | None) -> dict[str, list[str]]:
+    """Map absolute paths (live mode's events) to the local folder sources holding them: source -> relative paths.
+
+    A source no path falls under is not in the map: it is listed whole.
+    """
+    scope: dict[str, list[str]] = {}
+    for src in cfg.sources:
+        if src.kind != "folder" or src.path is None:
+            continue
+        root = str(src.path).rstrip(os.sep) + os.sep
+        rels = [p[len(root):].replace(os.sep, "/") for p in paths or [] if p.startswith(root)]
+        if rels:
+            scope[src.name] = sorted(set(rels))
+    return scope
+
+
+def in_scope(doc_ids: pa.ChunkedArray | pa.Array, source: str, rels: list[str]) -> pa.ChunkedArray | pa.Array:
+    """Mask the doc ids of a folder source (source:rel) that a scope's relative paths name or hold."""
+    prefix = f"{source}:"
+    mask = pc.is_in(doc_ids, value_set=pa.array([prefix + r for r in rels], pa.string()))
+    for rel in rels:
+        mask = pc.or_(mask, pc.starts_with(doc_ids, prefix + rel + "/"))
+    return mask
+
+
+def crawl_sources(cfg: InletConfig, known: pa.Table | None = None, run_dir: str | Path = ".",
+                  scope: dict[str, list[str]] | None = None) -> tuple[pa.Table, dict[str, str], list[str]]:
     """List every configured source; return the listing, the sources whose listing failed (and why), notices.
 
     known (the documents table) gives web pages their validators; fetched pages are saved under run_dir.
+    scope (scope_of_paths): the folder sources listed only at these relative paths.
     """
     # Only web sources read the known rows (their validators): no Python copy of the table otherwise.
     web = known is not None and any(src.kind == "web" for src in cfg.sources)
@@ -363,7 +419,7 @@ def crawl_sources(cfg: InletConfig, known: pa.Table | None = None,
     notices: list[str] = []
     max_bytes = int(cfg.extraction.max_file_mb * 1024 * 1024)
     for src in cfg.sources:
-        listed = list_source(src, by_id, join(run_dir, "fetched", src.name), max_bytes)
+        listed = list_source(src, by_id, join(run_dir, "fetched", src.name), max_bytes, (scope or {}).get(src.name))
         parts.append(listed.listing())
         notices.extend(listed.notices)
         if listed.failure:
@@ -375,11 +431,13 @@ def crawl_sources(cfg: InletConfig, known: pa.Table | None = None,
 
 
 @task(name="crawl", cache_policy=NO_CACHE)
-def crawl_stage(cfg: InletConfig, run_dir: str, known: pa.Table | None = None) -> tuple[str, dict[str, str], list[str]]:
-    """List the sources and write the listing artifact; return its path, failed sources and notices."""
-    listing, failed, notices = crawl_sources(cfg, known, run_dir)
+def crawl_stage(cfg: InletConfig, run_dir: str, known: pa.Table | None = None,
+                scope: dict[str, list[str]] | None = None) -> tuple[str, dict[str, str], list[str]]:
+    """List the sources (scoped ones at their paths only) and write the listing artifact; return it, failures, notices."""
+    listing, failed, notices = crawl_sources(cfg, known, run_dir, scope)
     logger = get_run_logger()
-    logger.info("crawled %d files from %d sources", listing.num_rows, len(cfg.sources))
+    logger.info("crawled %d files from %d sources%s", listing.num_rows, len(cfg.sources),
+                f" ({sum(len(v) for v in scope.values())} paths named by events)" if scope else "")
     for name, why in failed.items():
         logger.warning("source '%s': listing failed: %s", name, why)
     for notice in notices:

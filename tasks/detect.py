@@ -18,6 +18,7 @@ from runtime.artifacts import read_artifact, write_artifact
 from schemas.arrow import DOCUMENTS_SCHEMA, LISTING_SCHEMA, REFRESH_ENRICHMENT, Change, conform
 from schemas.config import InletConfig
 from schemas.errors import ConfigError
+from tasks.crawl import in_scope
 
 # Bump when extraction or chunking code changes what it produces: every document is reprocessed.
 # 2: Markdown cleaning, PDF running headers, HTML boilerplate, character-safe windows. 3: documents' own access
@@ -136,12 +137,13 @@ def unchanged_by_stat(listing: pa.Table, known: pa.Table, settings_fp: str) -> t
 def classify_documents(
     listing: pa.Table, known: pa.Table, settings_fp: str, *, hasher: Hasher = hash_file,
     sources: set[str], retry_quarantined: bool = False, max_bytes: float = float("inf"),
-    interrupted: frozenset[str] | set[str] = frozenset(),
+    interrupted: frozenset[str] | set[str] = frozenset(), scope: dict[str, list[str]] | None = None,
 ) -> pa.Table:
     """Classify the listing against known document rows; known rows of listed sources that vanished are deleted.
 
     Files over max_bytes are not read, not even to hash them: extraction quarantines them as too_large.
     interrupted: documents a killed run was committing (store/inflight.py): changed, whatever their bytes say.
+    scope: sources listed only at some relative paths (live mode): only their known rows there can vanish.
     """
     # Only the columns a comparison reads: a Python copy of every stored column cost more than the comparing.
     slim = known.select([c for c in _COMPARED if c in known.column_names])
@@ -168,6 +170,7 @@ def classify_documents(
                  .append_column("reason", pa.array(reason, pa.string())))
     listed = pc.is_in(known["doc_id"], value_set=listing["doc_id"])
     gone = pc.and_(pc.invert(listed), pc.is_in(known["source"], value_set=pa.array(sorted(sources), pa.string())))
+    gone = pc.and_(gone, outside_scope_kept(known, scope))
     vanished = known.filter(gone)
     if vanished.num_rows:
         rows = [{**{k: old.get(k) for k in LISTING_SCHEMA.names}, "content_hash": old["content_hash"],
@@ -177,8 +180,17 @@ def classify_documents(
     return conform(documents, DOCUMENTS_SCHEMA)
 
 
+def outside_scope_kept(known: pa.Table, scope: dict[str, list[str]] | None) -> pa.ChunkedArray | pa.Array:
+    """Mask the known rows a listing could have seen: all but those of a scoped source outside its paths."""
+    mask = pa.array([True] * known.num_rows, pa.bool_())
+    for source, rels in (scope or {}).items():
+        of_source = pc.equal(known["source"], source)
+        mask = pc.and_(mask, pc.or_(pc.invert(of_source), in_scope(known["doc_id"], source, rels)))
+    return mask
+
+
 def held_deletions(listing: pa.Table, known: pa.Table, failed: dict[str, str],
-                   max_share: dict[str, float]) -> dict[str, str]:
+                   max_share: dict[str, float], scope: dict[str, list[str]] | None = None) -> dict[str, str]:
     """Return the sources whose deletions must be held, with why: the mass-deletion guard.
 
     A source is held when its listing failed, came back empty, or would delete more than its
@@ -186,20 +198,24 @@ def held_deletions(listing: pa.Table, known: pa.Table, failed: dict[str, str],
     sitemap must not empty the index.
     """
     known_ids: dict[str, set[str]] = {}
-    for doc_id, source in zip(known["doc_id"].to_pylist(), known["source"].to_pylist()):
+    seen = outside_scope_kept(known, scope).to_pylist()
+    scoped: dict[str, set[str]] = {}  # what a scoped source's listing could have seen
+    for doc_id, source, visible in zip(known["doc_id"].to_pylist(), known["source"].to_pylist(), seen):
         known_ids.setdefault(source, set()).add(doc_id)
+        if visible:
+            scoped.setdefault(source, set()).add(doc_id)
     listed: dict[str, set[str]] = {}
     for doc_id, source in zip(listing["doc_id"].to_pylist(), listing["source"].to_pylist()):
         listed.setdefault(source, set()).add(doc_id)
     held = {}
     for source, share in max_share.items():
         have = known_ids.get(source, set())
-        gone = have - listed.get(source, set())
+        gone = scoped.get(source, set()) - listed.get(source, set())
         if not gone:
             continue
         if source in failed:
             held[source] = f"its listing failed ({failed[source]})"
-        elif not listed.get(source):
+        elif not listed.get(source) and source not in (scope or {}):  # a scoped listing may rightly be empty
             held[source] = "its listing came back empty"
         elif len(gone) > share * len(have):
             held[source] = f"it would delete {len(gone)} of its {len(have)} documents (more than {share:.0%})"
@@ -222,14 +238,16 @@ def refuse_unindexed_failures(origin: str, cfg: InletConfig, failed: dict[str, s
 @task(name="detect", cache_policy=NO_CACHE)
 def detect_stage(listing_path: str, known: pa.Table, settings_fp: str, cfg: InletConfig, run_dir: str,
                  retry_quarantined: bool = False, failed_sources: dict[str, str] | None = None,
-                 allow_deletions: bool = False, interrupted: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
+                 allow_deletions: bool = False, interrupted: frozenset[str] = frozenset(),
+                 scope: dict[str, list[str]] | None = None) -> tuple[str, list[str]]:
     """Classify listed files against the documents table and write the documents artifact; return it and notices.
 
-    Sources held by the mass-deletion guard keep their vanished documents, unless allow_deletions.
+    Sources held by the mass-deletion guard keep their vanished documents, unless allow_deletions. scope: the
+    sources listed only at some paths (live mode), whose other documents are left as they are.
     """
     listing = read_artifact(listing_path, LISTING_SCHEMA)
     failed_sources = failed_sources or {}
-    held = held_deletions(listing, known, failed_sources, {s.name: s.max_delete_share for s in cfg.sources})
+    held = held_deletions(listing, known, failed_sources, {s.name: s.max_delete_share for s in cfg.sources}, scope)
     notices = [f"source '{name}': nothing deleted, because {why}; run with --allow-deletions to delete anyway"
                for name, why in held.items() if not allow_deletions]
     notices += [f"source '{name}': listing failed: {why}" for name, why in failed_sources.items() if name not in held]
@@ -237,7 +255,7 @@ def detect_stage(listing_path: str, known: pa.Table, settings_fp: str, cfg: Inle
         listing, known, settings_fp,
         sources={s.name for s in cfg.sources} - (set() if allow_deletions else set(held)),
         retry_quarantined=retry_quarantined, max_bytes=cfg.extraction.max_file_mb * 1024 * 1024,
-        interrupted=interrupted,
+        interrupted=interrupted, scope=scope,
     )
     counts = dict.fromkeys(Change, 0)
     for change in documents["change"].to_pylist():

@@ -65,22 +65,25 @@ def test_events_route_to_the_sources_whose_files_they_touch_and_a_removed_folder
     assert route(str(tmp_path / "elsewhere.md")) == set()
 
 
-def test_pending_keeps_each_sources_first_reason_and_the_time_of_the_oldest_notice():
+def test_pending_keeps_each_sources_first_reason_the_oldest_notice_and_the_paths_events_named():
     pending = Pending()
-    assert pending.take(0.01) == ({}, None)
+    assert pending.take(0.01) == ({}, None, {})
     before = time.monotonic()
-    pending.add(["a"], "events")
-    pending.add(["a", "b"], "poll")
-    due, first = pending.take(0)
-    assert due == {"a": "events", "b": "poll"} and first is not None and first >= before
-    assert pending.take(0) == ({}, None), "taken means cleared"
+    pending.add(["a"], "events", {"a": {"/d/x.md"}})
+    pending.add(["a", "c"], "events", {"a": {"/d/y.md"}, "c": {"/e/z.md"}})
+    pending.add(["b"], "poll")
+    pending.add(["c"], "retry")
+    due, first, paths = pending.take(0)
+    assert due == {"a": "events", "b": "poll", "c": "events"} and first is not None and first >= before
+    assert paths == {"a": {"/d/x.md", "/d/y.md"}, "b": None, "c": None}, "marked without paths: listed whole"
+    assert pending.take(0) == ({}, None, {}), "taken means cleared"
 
 
 def test_a_pending_take_wakes_as_soon_as_another_thread_adds():
     pending = Pending()
     threading.Timer(0.1, lambda: pending.add(["a"], "events")).start()
     begin = time.monotonic()
-    due, _ = pending.take(10)
+    due, _, _ = pending.take(10)
     assert due == {"a": "events"} and time.monotonic() - begin < 5
 
 
@@ -112,6 +115,42 @@ def test_run_folder_pruning_keeps_the_newest_runs_and_nothing_else_is_touched(tm
     deleted = prune_run_folders(tmp_path, keep=2)
     assert deleted == names[:4]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["batch-jobs", "inflight", names[4], names[5]])
+
+
+def test_a_listing_of_named_paths_takes_files_and_whole_folders_with_the_full_listings_checks(tmp_path):
+    from tasks.crawl import matching_files
+
+    (tmp_path / "guide" / "deep").mkdir(parents=True)
+    for rel in ("a.md", "b.md", "notes.txt", "guide/c.md", "guide/deep/d.md", "guide/.hidden.md"):
+        (tmp_path / rel).write_text("# x\n")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.md"
+    outside.write_text("# secret\n")
+    (tmp_path / "link.md").symlink_to(outside)
+    include = ("**/*.md",)
+    full = {rel for rel, _, _ in matching_files(tmp_path, include, ())}
+    named = ["a.md", "notes.txt", "guide", "gone.md", "link.md", "a.md"]
+    refused: list[str] = []
+    rels = [rel for rel, _, _ in matching_files(tmp_path, include, (), outside=refused, only=named)]
+    assert rels == ["a.md", "guide/c.md", "guide/deep/d.md"], "no excluded, hidden, vanished or outside file; no twice"
+    assert set(rels) <= full and refused == ["link.md"]
+
+
+def test_a_scoped_detection_deletes_only_what_its_paths_held_and_keeps_the_deletion_guard(tmp_path):
+    import pyarrow as pa
+
+    from tasks.detect import classify_documents, held_deletions
+
+    known = pa.table({"doc_id": ["s:a.md", "s:b.md", "s:g/c.md", "s:g/d.md", "t:x.md"], "source": ["s"] * 4 + ["t"],
+                      "size": [1] * 5, "mtime_ns": [1] * 5, "validator": [None] * 5, "content_hash": ["h"] * 5,
+                      "status": ["ok"] * 5, "settings_fp": ["f/e"] * 5, "meta_hash": ["m"] * 5})
+    from schemas.arrow import LISTING_SCHEMA
+
+    empty = LISTING_SCHEMA.empty_table()
+    docs = classify_documents(empty, known, "f/e", sources={"s", "t"}, scope={"s": ["a.md"], "t": ["y.md"]})
+    assert sorted(docs["doc_id"].to_pylist()) == ["s:a.md"], "b.md, the folder g and t's x.md were not named"
+    assert held_deletions(empty, known, {}, {"s": 0.5}, {"s": ["a.md"]}) == {}, "one named file gone is no empty listing"
+    held = held_deletions(empty, known, {}, {"s": 0.5}, {"s": ["g", "a.md"]})
+    assert "it would delete 3 of its 4 documents" in held["s"], "a folder taking most of the source is held"
 
 
 def test_an_ingest_run_over_a_source_the_config_lacks_names_the_source(corpus, write_config):
@@ -192,6 +231,7 @@ def test_a_new_file_an_edit_and_a_delete_are_each_searchable_after_their_own_mic
     assert {tuple(r["why"]) for r in runs} == {("events",)}, "no reconciliation was needed"
     assert sum(r.get("docs_new", 0) for r in runs) == 1 and sum(r.get("docs_deleted", 0) for r in runs) == 1
     assert all(r["since_notice"] is not None for r in runs)
+    assert all(r["docs_unchanged"] == 0 for r in runs), "an event's run lists the paths it named, not the folder"
     assert len({r["run_id"] for r in runs}) == len(runs), "each micro-batch is a run of its own"
 
 
@@ -284,12 +324,12 @@ class Watch:
 
 async def _watch_runs(url: str) -> list:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: url}):
         async with get_client() as client:
-            return await client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["inlet-watch"])))
+            return await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_="watch-")))
 
 
 def test_each_micro_batch_is_a_flow_run_with_every_stage_a_task_run_on_a_real_server(server, corpus,  # noqa: F811
