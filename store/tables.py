@@ -46,6 +46,12 @@ def use_store_options(uri: str | Path, options: dict[str, str]) -> None:
 # Connections by (process, uri, options): a connection took ~1-4 ms to make (a round trip through LanceDB's
 # event loop thread), and a run made one per stage. The process id keeps a forked worker off its parent's.
 _CONNECTIONS: dict[tuple[int, str, str], lancedb.DBConnection] = {}
+# The writer side's LanceDB caches (index pages, manifests and fragment metadata), bounded: LanceDB keeps what it
+# read of every version it opened, and a live watcher opens a new version every micro-batch. Unbounded, its RSS
+# grew 1.4 MB per micro-batch (bench/README.md, "Live freshness"); with these it levels off. A writer reads
+# little of each index (the chunk-id lookups of a merge, the full-text fold-in): no run got slower.
+INDEX_CACHE_BYTES = 128 << 20
+METADATA_CACHE_BYTES = 64 << 20
 _KEPT_CONNECTIONS = 16
 _CONNECTING = threading.Lock()  # stages in threads connect at once
 
@@ -62,7 +68,9 @@ def connect(uri: str | Path) -> lancedb.DBConnection:
     with _CONNECTING:
         db = _CONNECTIONS.get(key)
         if db is None:
-            db = lancedb.connect(str(uri), storage_options=options)
+            session = lancedb.Session(index_cache_size_bytes=INDEX_CACHE_BYTES,
+                                      metadata_cache_size_bytes=METADATA_CACHE_BYTES)
+            db = lancedb.connect(str(uri), storage_options=options, session=session)
             if len(_CONNECTIONS) >= _KEPT_CONNECTIONS:
                 del _CONNECTIONS[next(iter(_CONNECTIONS))]
             _CONNECTIONS[key] = db
