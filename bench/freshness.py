@@ -108,7 +108,7 @@ def _insert(path: Path, sentence: str, rng: random.Random) -> None:
         elif not fenced and i > 0 and _HEADING.match(line):
             spots.append(i)
     at = rng.choice(spots) if spots else len(lines)
-    lines[at:at] = [sentence, ""]
+    lines[at:at] = ["", sentence, ""]  # a paragraph of its own, whatever the line before it was
     with path.open("w", encoding="utf-8") as fh:  # in place, as an editor saving over the file does
         fh.write("\n".join(lines) + "\n")
 
@@ -149,9 +149,15 @@ def writer(folder: str, rate: float, seconds: float, out: mp.Queue, seed: int) -
 
 
 def _visible(config: Path, token: str) -> bool:
+    return token in _visible_many(config, [token])
+
+
+def _visible_many(config: Path, tokens: list[str]) -> set[str]:
+    """The tokens a full-text search finds in the published version: one search for all (any term matches)."""
     from query import search
 
-    return any(token in hit.text for hit in search(token, k=5, mode="fulltext", config=config))
+    hits = search(" ".join(tokens), k=max(10, 3 * len(tokens)), mode="fulltext", config=config)
+    return {t for t in tokens if any(t in hit.text for hit in hits)}
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -256,9 +262,10 @@ def load(config: Path, watcher: Watcher, rate: float, seconds: float, seed: int)
             else:
                 waiting.append(item)
         now = time.time()
+        found = _visible_many(config, [c[1] for c in waiting]) if waiting else set()
         for change in list(waiting):
             kind, token, _, written = change
-            seen = _visible(config, token)
+            seen = token in found
             if (kind != "delete" and seen) or (kind == "delete" and not seen):
                 waiting.remove(change)
                 if kind == "delete" and token not in created_seen:

@@ -136,14 +136,15 @@ def crash_dead_runs(cfg: InletConfig, config_path: str) -> list[str]:
     Called while holding the watcher lock: no other watcher of this store is alive, so any such run is dead.
     """
     from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterState, \
-        FlowRunFilterStateType
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterName, \
+        FlowRunFilterState, FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 
     crashed = []
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["ingest", "maintenance-live"])),
+                                     flow_run_filter=FlowRunFilter(
             name=FlowRunFilterName(like_=RUN_PREFIX),
             state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))))
         for run in runs:
@@ -163,6 +164,11 @@ def emit_changed(cfg: InletConfig, config_path: str, sources: list[str], why: di
                payload={"config_path": config_path, "sources": sources, "why": sorted(set(why.values()))})
 
 
+def run_name(kind: str = "") -> str:
+    """A micro-batch's (or live maintenance's) flow run name: watch-[kind-]<UTC time to the microsecond>."""
+    return f"{RUN_PREFIX}{kind + '-' if kind else ''}{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
+
+
 def run_micro_batch(config_path: str, sources: list[str] | None, paths: list[str] | None = None) -> dict:
     """Run the ordinary ingest flow over these sources (None: all) as a run named watch-<time>; return its summary.
 
@@ -174,7 +180,7 @@ def run_micro_batch(config_path: str, sources: list[str] | None, paths: list[str
     """
     # Named, not tagged: a tag would reach every task run, and each task run then asks the API for the tag's
     # concurrency slots (~15 round trips per micro-batch).
-    name = f"{RUN_PREFIX}{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
+    name = run_name()
     try:
         return ingest.with_options(flow_run_name=name)(config_path=config_path, sources=sources, paths=paths)
     except PublishHeldError as exc:  # committed, not published: the run is Held in the UI; the watcher goes on
@@ -268,7 +274,8 @@ class Watcher:
         begin = time.monotonic()
         batch = Batch([], {}, started, 0.0, None, kind="maintenance")
         try:
-            batch.summary = live_maintenance(config_path=self.config_path)
+            batch.summary = live_maintenance.with_options(flow_run_name=run_name("maintenance"))(
+                config_path=self.config_path)
             self.since_maintenance = 0
         except StoreBusyError as exc:
             batch.error = str(exc)
