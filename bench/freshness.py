@@ -9,12 +9,13 @@ A copy of ../shared/corpora/markdown (or its first --files files) is indexed onc
 (configs/inlet.yaml; --embedder hashing swaps only the embedder), kept under the work folder so that later
 rounds reuse it. Then, against a Prefect server started here, `inlet watch --json` runs as a user runs it, a
 writer process changes the folder at --rate changes/s for --seconds (edits that insert a unique sentence into
-a random document, new files, deletes of files it made earlier; written in place, not renamed), and this
+a random document readers are served (indexed, not expired), new files, deletes of files it made earlier; written in place, not renamed), and this
 process polls query.search (full-text, k=5) until each change is searchable, or each deleted file gone.
 Latencies are from the writer's write to the reader's first search that shows it. Reported: p50 / p95 / max
 per kind, the backlog (changes written, not yet seen) and the p95 per minute, the watcher's RSS over time
 and its CPU share when idle afterwards, the chunks table's versions and fragments, and query p50 at the start
-and the end. --pdfs N then replaces one PDF N times with other PDFs of ../shared/corpora/pdf.
+and the end. --pdfs N then replaces one PDF N times with other PDFs of ../shared/corpora/pdf. --reader api
+polls POST /search of an `inlet api` process instead of query.search.
 """
 
 from __future__ import annotations
@@ -113,12 +114,27 @@ def _insert(path: Path, sentence: str, rng: random.Random) -> None:
         fh.write("\n".join(lines) + "\n")
 
 
-def writer(folder: str, rate: float, seconds: float, out: mp.Queue, seed: int) -> None:
-    """Change the folder at rate changes/s for seconds: 60% edits, 20% new files, 20% deletes of its own files."""
+def served_files(config: Path) -> list[str]:
+    """The Markdown files whose documents readers are served: indexed, public, not expired (Hugo's expiryDate)."""
+    from datetime import UTC, datetime
+
+    import lancedb
+
+    from schemas.config import load_config
+
+    cfg = load_config(config)
+    rows = lancedb.connect(cfg.store.uri).open_table(cfg.store.documents_table).to_arrow().to_pylist()
+    now = datetime.now(UTC)
+    return sorted(r["path"] for r in rows if r["status"] == "ok" and r["total_chunks"] and r["path"].endswith(".md")
+                  and r["access_level"] == "public" and (r["expires_at"] is None or r["expires_at"] > now)
+                  and "/live/" not in r["path"])
+
+
+def writer(folder: str, docs: list[str], rate: float, seconds: float, out: mp.Queue, seed: int) -> None:
+    """Change the folder at rate changes/s for seconds: 60% edits of docs, 20% new files, 20% deletes of its own."""
     rng = random.Random(seed)
     nonce = os.urandom(3).hex()  # tokens new to this round: earlier rounds' edits stay in the kept corpus
     root = Path(folder)
-    docs = sorted(p for p in root.rglob("*.md") if "live" not in p.parts)
     made: list[tuple[float, Path, str]] = []
     (root / "live").mkdir(exist_ok=True)
     begin = time.monotonic()
@@ -141,23 +157,62 @@ def writer(folder: str, rate: float, seconds: float, out: mp.Queue, seed: int) -
             made.append((time.monotonic(), path, token))
             out.put(("create", token, str(path), time.time()))
         else:
-            path = rng.choice(docs)
+            path = Path(rng.choice(docs))
             _insert(path, f"The {token} marker was inserted by the live edit benchmark.", rng)
             out.put(("edit", token, str(path), time.time()))
         n += 1
     out.put(None)
 
 
-def _visible(config: Path, token: str) -> bool:
-    return token in _visible_many(config, [token])
+GROUP = 15  # tokens per search: k = 3 x GROUP stays within serving.max_k (50)
 
 
-def _visible_many(config: Path, tokens: list[str]) -> set[str]:
-    """The tokens a full-text search finds in the published version: one search for all (any term matches)."""
-    from query import search
+class Reader:
+    """What the reader polls: query.search in this process, or POST /search of `inlet api` (--reader api)."""
 
-    hits = search(" ".join(tokens), k=max(10, 3 * len(tokens)), mode="fulltext", config=config)
-    return {t for t in tokens if any(t in hit.text for hit in hits)}
+    def __init__(self, config: Path, kind: str, env: dict[str, str], log: Path) -> None:
+        self.config, self.kind, self.proc = config, kind, None
+        if kind == "api":
+            import httpx
+
+            port = _port()
+            self.proc = subprocess.Popen([sys.executable, "-m", "inlet.cli", "api", "--port", str(port), "--config",
+                                          str(config)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                         stderr=log.open("w"))
+            self.url, self.http = f"http://127.0.0.1:{port}", httpx.Client(timeout=30)
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    self.http.get(f"{self.url}/sources")
+                    break
+                except httpx.TransportError:
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError("inlet api did not start: " + log.read_text()[-2000:]) from None
+                    time.sleep(0.2)
+
+    def texts(self, query: str, k: int) -> list[str]:
+        """The texts of a full-text search's hits in the published version."""
+        if self.kind == "api":
+            answer = self.http.post(f"{self.url}/search", json={"query": query, "k": k, "mode": "fulltext"})
+            answer.raise_for_status()
+            return [hit["text"] for hit in answer.json()["hits"]]
+        from query import search
+
+        return [hit.text for hit in search(query, k=k, mode="fulltext", config=self.config)]
+
+    def visible(self, tokens: list[str]) -> set[str]:
+        """The tokens a full-text search finds: one search per GROUP tokens (any term matches)."""
+        found: set[str] = set()
+        for i in range(0, len(tokens), GROUP):
+            group = tokens[i:i + GROUP]
+            texts = self.texts(" ".join(group), max(10, 3 * len(group)))
+            found |= {t for t in group if any(t in text for text in texts)}
+        return found
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(60)
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -239,11 +294,12 @@ def table_shape(config: Path) -> dict[str, int]:
             "rows": table.count_rows(), "run_tags": sum(1 for t in table.tags.list() if t.startswith("run-"))}
 
 
-def load(config: Path, watcher: Watcher, rate: float, seconds: float, seed: int) -> dict:
+def load(config: Path, watcher: Watcher, reader: Reader, rate: float, seconds: float, seed: int) -> dict:
     """Run the writer process against the watched folder and measure each change until it is searchable."""
     folder = str(config.parent / "corpus")
     changes: mp.Queue = mp.get_context("spawn").Queue()
-    proc = mp.get_context("spawn").Process(target=writer, args=(folder, rate, seconds, changes, seed))
+    proc = mp.get_context("spawn").Process(target=writer, args=(folder, served_files(config), rate, seconds, changes,
+                                                                seed))
     begin = time.time()
     proc.start()
     waiting: list[tuple[str, str, str, float]] = []
@@ -262,7 +318,7 @@ def load(config: Path, watcher: Watcher, rate: float, seconds: float, seed: int)
             else:
                 waiting.append(item)
         now = time.time()
-        found = _visible_many(config, [c[1] for c in waiting]) if waiting else set()
+        found = reader.visible([c[1] for c in waiting]) if waiting else set()
         for change in list(waiting):
             kind, token, _, written = change
             seen = token in found
@@ -307,7 +363,7 @@ def _pdf_token(path: Path, others: list[Path]) -> str | None:
     return sorted(mine)[0] if mine else None
 
 
-def replaced_pdfs(config: Path, n: int, seed: int) -> dict:
+def replaced_pdfs(config: Path, reader: Reader, n: int, seed: int) -> dict:
     """Replace one PDF n times with other PDFs; time each replacement until a word only the new one has is found."""
     rng = random.Random(seed)
     pool = [p for p in sorted((SHARED / "pdf").rglob("*.pdf")) if 20_000 < p.stat().st_size < 2_000_000]
@@ -330,7 +386,7 @@ def replaced_pdfs(config: Path, n: int, seed: int) -> dict:
         shutil.copyfile(pdf, tmp)
         os.replace(tmp, target)  # a replaced file: the new bytes appear at once
         written = time.time()
-        while not _visible(config, tokens[pdf]):
+        while tokens[pdf] not in reader.visible([tokens[pdf]]):
             if time.time() - written > 120:
                 raise RuntimeError(f"{pdf.name} not searchable after 120 s")
             time.sleep(0.02)
@@ -350,6 +406,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/inlet-bench-freshness"))
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--soak", action="store_true", help="also report table shape and query p50 at start/end")
+    parser.add_argument("--reader", default="query", choices=["query", "api"],
+                        help="poll query.search in this process, or POST /search of an `inlet api` process")
     args = parser.parse_args()
     if not (SHARED / "markdown").is_dir():
         sys.exit("../shared/corpora/markdown is not present")
@@ -365,12 +423,13 @@ def main() -> None:
         watcher = Watcher(config, env, work / "watch.log")
         ready = watcher.wait_for("ready", 600)
         first = watcher.wait_for("ingest", 3600)
-        result: dict = {"embedder": args.embedder, "rate": args.rate, "seconds": args.seconds,
+        reader = Reader(config, args.reader, env, work / "api.log")
+        result: dict = {"embedder": args.embedder, "rate": args.rate, "seconds": args.seconds, "reader": args.reader,
                         "files": json.loads((work / ".built").read_text())["files"], "warm_up": ready["warmed"],
                         "first_reconcile_s": first["seconds"]}
         if args.soak:
             result["start"] = {**table_shape(config), "query_p50_ms": query_p50(config)}
-        result["load"] = load(config, watcher, args.rate, args.seconds, args.seed)
+        result["load"] = load(config, watcher, reader, args.rate, args.seconds, args.seed)
         batches = [b for b in watcher.batches if b["kind"] == "ingest" and b["error"] is None]
         result["micro_batches"] = len(batches)
         result["batch_seconds"] = percentiles([b["seconds"] for b in batches])
@@ -381,10 +440,11 @@ def main() -> None:
         result["idle_cpu_share"] = round(watcher.cpu_share(args.idle), 4)
         result["rss_mb_end"] = round(watcher.rss_mb(), 1)
         if args.pdfs:
-            result["pdf"] = replaced_pdfs(config, args.pdfs, args.seed)
+            result["pdf"] = replaced_pdfs(config, reader, args.pdfs, args.seed)
         if args.soak:
             result["end"] = {**table_shape(config), "query_p50_ms": query_p50(config)}
         watcher.stop()
+        reader.close()
     finally:
         os.killpg(server.pid, 15)
         server.wait(60)
