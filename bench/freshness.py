@@ -415,6 +415,7 @@ def main() -> None:
 
     work = args.work / f"{args.embedder}-{args.files or 'all'}"
     env, server = start_prefect(args.work / "prefect")
+    watcher = reader = None
     try:
         config = build_store(work, args.embedder, args.files, env)
         shutil.rmtree(config.parent / "corpus" / "live", ignore_errors=True)  # a previous round's notes
@@ -443,9 +444,10 @@ def main() -> None:
             result["pdf"] = replaced_pdfs(config, reader, args.pdfs, args.seed)
         if args.soak:
             result["end"] = {**table_shape(config), "query_p50_ms": query_p50(config)}
-        watcher.stop()
-        reader.close()
-    finally:
+    finally:  # whatever failed, nothing of this round is left running
+        for proc in (watcher, reader):
+            if proc is not None:
+                proc.stop() if isinstance(proc, Watcher) else proc.close()
         os.killpg(server.pid, 15)
         server.wait(60)
     print(json.dumps(result, indent=2))

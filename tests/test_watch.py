@@ -353,6 +353,27 @@ def test_each_micro_batch_is_a_flow_run_with_every_stage_a_task_run_on_a_real_se
     _, tasks, artifacts, _ = _read_settled(url, edit_run.id, 1 + sum(expected.values()))
     assert _stage_counts(tasks) == expected
     assert any(a.key == "ingest-run-summary" for a in artifacts)
+    # Dependent systems are told: each publish is an event automations can trigger on.
+    published = _published_events(url)
+    assert len(published) == 2, published
+    latest = max(published, key=lambda e: e["occurred"])
+    assert latest["resource"]["prefect.resource.id"].startswith("inlet.store.")
+    assert latest["payload"]["run_id"] == edit["run_id"] and latest["payload"]["version"] == edit["version"]
+    assert latest["payload"]["documents_changed"] == 1 and latest["payload"]["changed"] == ["sample:harbour-faq.txt"]
+
+
+def _published_events(url: str) -> list[dict]:
+    """inlet.store.published events the server has recorded (they arrive asynchronously)."""
+    import httpx
+
+    deadline = time.monotonic() + 30
+    while True:
+        answer = httpx.post(f"{url}/events/filter", json={"filter": {"event": {"name": ["inlet.store.published"]}},
+                                                          "limit": 50}, timeout=10)
+        events = answer.json()["events"]
+        if len(events) >= 2 or time.monotonic() > deadline:
+            return events
+        time.sleep(0.5)
 
 
 def test_a_watcher_killed_mid_commit_and_restarted_loses_nothing_duplicates_nothing_and_repays_no_model_call(
