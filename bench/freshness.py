@@ -384,8 +384,12 @@ def _pdf_words(path: Path) -> set[str]:
         extracted = extract_document("bench", str(path), ExtractionConfig())
     except Exception:  # noqa: BLE001 - a PDF Inlet cannot read offers no word
         return set()
-    text = " ".join(e.get("text") or "" for e in extracted.elements)
-    return {w.lower() for w in re.findall(r"[A-Za-z]{9,}", text)}
+    # Words of one element only: a running header or footer repeats on every page, and Inlet strips it.
+    seen: dict[str, int] = {}
+    for element in extracted.elements:
+        for word in {w.lower() for w in re.findall(r"[A-Za-z]{9,}", element.get("text") or "")}:
+            seen[word] = seen.get(word, 0) + 1
+    return {w for w, n in seen.items() if n == 1}
 
 
 def replaced_pdfs(config: Path, reader: Reader, n: int, seed: int) -> dict:
