@@ -174,6 +174,16 @@ def known_documents(db: lancedb.DBConnection, name: str = DOCUMENTS) -> pa.Table
     return conform(table.to_arrow(), DOCUMENT_ROWS_SCHEMA)
 
 
+def _lock_folder(folder: Path) -> Path:
+    """Create the folder a lock file lives in; a folder that cannot be made is a StoreError naming it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        msg = f"{folder}: cannot create the store folder (store.uri): {exc.strerror or exc}"
+        raise StoreError(msg) from None
+    return folder
+
+
 WRITER_LOCK = ".inlet-writer.lock"
 WRITER_INFO = ".inlet-writer.json"
 
@@ -191,12 +201,7 @@ def writer_lock(uri: str | Path, run: str, wait_s: float = 0) -> Iterator[None]:
         with _remote_writer_lock(str(uri), run, wait_s):
             yield
         return
-    folder = Path(uri)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        msg = f"{folder}: cannot create the store folder (store.uri): {exc.strerror or exc}"
-        raise StoreError(msg) from None
+    folder = _lock_folder(Path(uri))
     lock, info = FileLock(folder / WRITER_LOCK), folder / WRITER_INFO
     try:
         lock.acquire(timeout=wait_s)
@@ -234,11 +239,7 @@ def watcher_lock(uri: str | Path) -> Iterator[None]:
         folder = Path.home() / ".inlet" / "watchers" / hashlib.sha256(str(uri).encode()).hexdigest()[:12]
     else:
         folder = Path(uri)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        msg = f"{folder}: cannot create the store folder (store.uri): {exc.strerror or exc}"
-        raise StoreError(msg) from None
+    _lock_folder(folder)
     lock = FileLock(folder / WATCHER_LOCK)
     try:
         lock.acquire(timeout=0)
