@@ -295,18 +295,32 @@ class Watcher:
         self.proc.wait(120)
 
 
-def query_p50(config: Path, n: int = 40) -> float:
-    """Median wall time of a default-mode search (k=5) over n different queries, in ms."""
+QUERY_WORDS = ["collector", "exporter", "sampling", "metrics", "tracing", "context propagation", "instrumentation",
+               "semantic conventions", "resource attributes", "batch processor"]
+
+
+def _query_p50_here(config: Path, rounds: int = 3) -> float:
+    """Median wall time of a default-mode search (k=5), in ms: 40 queries once to warm up, then rounds x 120."""
     from query import search
 
-    words = ["collector", "exporter", "sampling", "metrics", "tracing", "context propagation", "instrumentation",
-             "semantic conventions", "resource attributes", "batch processor"]
+    queries = [w + s for w in QUERY_WORDS for s in ("", " setup", " example", " config")]
+    for q in queries:
+        search(q, k=5, config=config)
     times = []
-    for i in range(n):
-        begin = time.perf_counter()
-        search(words[i % len(words)] + (" setup" if i >= len(words) else ""), k=5, config=config)
-        times.append((time.perf_counter() - begin) * 1000)
-    return round(statistics.median(times[2:]), 2)
+    for _ in range(rounds):
+        for q in queries * 3:
+            begin = time.perf_counter()
+            search(q, k=5, config=config)
+            times.append((time.perf_counter() - begin) * 1000)
+    return round(statistics.median(times), 2)
+
+
+def query_p50(config: Path) -> float:
+    """_query_p50_here in a fresh process, so that the start and the end are measured alike."""
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path; " \
+           f"from bench.freshness import _query_p50_here; print(_query_p50_here(Path({str(config)!r})))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def table_shape(config: Path) -> dict[str, int]:

@@ -10,6 +10,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from providers.embedders import embedder_spec
+from runtime.memory import release_memory
 from providers.enrichers import make_enricher, resolve_enrichment
 from schemas.config import InletConfig, load_config
 from store.maintenance import published_at_latest, republish
@@ -129,11 +130,11 @@ def _maintain(store: str, pairs: list[tuple[str, str, int]], cfg: InletConfig, r
 
 @flow(name="maintenance-live", log_prints=True)
 def live_maintenance(config_path: str = str(DEFAULT_CONFIG)) -> dict:
-    """Live mode's idle-time upkeep: compact, keep recent versions and hourly run tags, refresh indexes, prune runs.
+    """Live mode's upkeep between micro-batches: compact in tiers, keep recent versions and hourly run tags, prune runs.
 
     Bounds (watch section): untagged versions live watch.keep_versions_s; run tags past that, one per hour for
-    maintenance.retention_days; run folders, the newest watch.keep_run_folders. No integrity check (the nightly
-    maintenance flow does it).
+    maintenance.retention_days; run folders, the newest watch.keep_run_folders; fragments, see
+    store.maintenance.live_exclusions. No integrity check and no full compaction (the nightly maintenance flow).
     """
     cfg = load_config(config_path)
     store = cfg.store.uri
@@ -144,9 +145,10 @@ def live_maintenance(config_path: str = str(DEFAULT_CONFIG)) -> dict:
         tables = compact_live_stage(store, cfg.maintenance.retention_days, cfg.watch.keep_versions_s, now)
         current = published_at_latest(store, chunks)
         indexes = index_stage(store, chunks, cfg.query.fulltext_index, cfg.query.ann_min_rows,
-                              cfg.query.fulltext_language)
+                              cfg.query.fulltext_language, live=True)
         republish(store, current)
         pruned = prune_runs_stage(cfg.store.artifacts, cfg.watch.keep_run_folders)
+    release_memory()  # what the micro-batches since the last one freed goes back to the system, not to the next
     shape = {name: t["after"] for name, t in tables.items()}
     get_run_logger().info("live maintenance: %s; %d run folders pruned", shape, len(pruned))
     return {"tables": tables, "indexes": indexes, "run_folders_pruned": len(pruned)}

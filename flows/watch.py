@@ -24,7 +24,7 @@ from flows.publishing import store_resource
 from runtime.watch import Pending, Schedule, start_following
 from schemas.config import InletConfig, SourceConfig, load_config
 from schemas.errors import PublishHeldError, StoreBusyError
-from store.tables import watcher_lock
+from store.tables import live_cache_bounds, watcher_lock
 from tasks.crawl import path_filter
 
 RUN_PREFIX = "watch-"  # every micro-batch run's name starts so: the UI filters on it, a restart finds its dead runs
@@ -224,15 +224,16 @@ class Watcher:
         if due:
             self._ingest(due, first if first is not None else now, scoped)
             self.last_batch = time.monotonic()
-        if MAINTAIN in periodic and self.maintenance_due(time.monotonic()):
+        if (due or MAINTAIN in periodic) and self.maintenance_due(time.monotonic(), self.pending.waiting()):
             self._maintain()
             self.last_maintenance = time.monotonic()
 
-    def maintenance_due(self, now: float) -> bool:
-        """Whether live maintenance should run now: due (enough micro-batches, or long enough), and idle.
+    def maintenance_due(self, now: float, waiting: bool = False) -> bool:
+        """Whether live maintenance should run now: due (enough micro-batches, or long enough), and no change waits.
 
-        Never idle (a steady stream of changes) for twice the batches that make it due, it runs anyway:
-        the bounds on versions and files must hold under any load.
+        waiting: a change is pending; maintenance then waits for the next gap, for a change waits the length of a
+        maintenance run otherwise. Never a gap (a steady stream of changes) for twice the batches that make it
+        due, it runs anyway: the bounds on versions and files must hold under any load.
         """
         w = self.cfg.watch
         if self.emit_only or not self.since_maintenance:
@@ -240,7 +241,7 @@ class Watcher:
         if self.since_maintenance >= 2 * w.maintain_every:
             return True
         due = self.since_maintenance >= w.maintain_every or now - self.last_maintenance >= w.maintain_max_s
-        return due and now - self.last_batch >= w.maintain_idle_s
+        return due and not waiting and now - self.last_batch >= w.maintain_idle_s
 
     def _ingest(self, due: dict[str, str], first: float, paths: list[str]) -> None:
         names = [n for n in self.source_names() if n in due]
@@ -305,6 +306,7 @@ def watch_loop(config_path: str | Path = DEFAULT_CONFIG, *, events: bool | None 
     cfg = load_config(config_path)
     stop = stop or threading.Event()
     watcher = Watcher(config_path, cfg, stop, emit_only, on_batch or (lambda batch: None))
+    live_cache_bounds()  # a long-lived writer: LanceDB's caches would otherwise grow with every version it opens
     with watcher_lock(cfg.store.uri):
         crashed = [] if emit_only else crash_dead_runs(cfg, config_path)
         warmed = {} if emit_only else warm_up(cfg)
@@ -313,7 +315,7 @@ def watch_loop(config_path: str | Path = DEFAULT_CONFIG, *, events: bool | None 
         schedule.every(RECONCILE, cfg.watch.reconcile_s)
         for name, seconds in polled_sources(cfg).items():
             schedule.every(f"poll:{name}", seconds)
-        schedule.every(MAINTAIN, min(5.0, cfg.watch.maintain_idle_s))  # a look at whether it is due and idle
+        schedule.every(MAINTAIN, max(1.0, min(5.0, cfg.watch.maintain_idle_s)))  # due by time, or after an idle wait
         roots = local_roots(cfg)
         if (cfg.watch.events if events is None else events) and roots:
             start_following(roots, route_events(cfg), watcher.pending, stop, settle_ms=cfg.watch.settle_ms,

@@ -39,6 +39,11 @@ class Pending:
                 self._first = time.monotonic()
             self._cond.notify_all()
 
+    def waiting(self) -> bool:
+        """Whether any source is due (a change noticed and not yet taken)."""
+        with self._cond:
+            return bool(self._due)
+
     def take(self, timeout: float) -> tuple[dict[str, str], float | None, dict[str, set[str] | None]]:
         """Wait up to timeout for due sources; return them with why, the oldest notice's time and their paths; clear."""
         with self._cond:

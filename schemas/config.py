@@ -499,13 +499,14 @@ class WatchConfig(_Strict):
                                "One also runs at start.")
     poll_s: float = Field(60.0, gt=0, description="Seconds between polls of object storage and web sources "
                           "(a source's own poll_s wins); web pages are fetched conditionally.")
-    maintain_idle_s: float = Field(5.0, gt=0, description="Maintenance (compaction, version pruning, run "
-                                   "folders) runs once the watcher has been idle this long and is due.")
-    maintain_every: int = Field(200, ge=1, description="Maintenance is due after this many micro-batches (or "
-                                "at the next idle moment past maintain_max_s); never idle, it runs after twice "
-                                "as many anyway.")
+    maintain_idle_s: float = Field(0.0, ge=0, description="Maintenance (tiered compaction, version pruning, run "
+                                   "folders) runs once due and no change waits, and this long after the last "
+                                   "micro-batch.")
+    maintain_every: int = Field(20, ge=1, description="Maintenance is due after this many micro-batches (or "
+                                "at the next gap past maintain_max_s); without a gap, it runs after twice as "
+                                "many anyway.")
     maintain_max_s: float = Field(3600.0, gt=0, description="Maintenance is also due this long after the last one.")
-    keep_versions_s: float = Field(600.0, ge=0, description="Live mode's version retention: table versions "
+    keep_versions_s: float = Field(120.0, ge=0, description="Live mode's version retention: table versions "
                                    "and run tags younger than this are kept for as_of; older ones are pruned, "
                                    "except one run tag per hour back to maintenance.retention_days.")
     keep_run_folders: int = Field(50, ge=1, description="Run artifact folders kept (the newest); older ones are "

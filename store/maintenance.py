@@ -71,20 +71,61 @@ def republish(store_uri: str, chunks_tables: list[str]) -> None:
             table.tags.update(PUBLISHED_TAG, table.version)
 
 
-def table_shape(table: lancedb.table.Table) -> dict[str, int]:
-    """A table's versions, data files and rows."""
-    return {"versions": len(table.list_versions()), "fragments": table.stats()["fragment_stats"]["num_fragments"],
-            "rows": table.count_rows()}
+def table_shape(table: lancedb.table.Table, versions: list[dict] | None = None) -> dict[str, int]:
+    """A table's versions, data files and rows (versions: its list_versions(), when already read)."""
+    return {"versions": len(versions if versions is not None else table.list_versions()),
+            "fragments": table.stats()["fragment_stats"]["num_fragments"], "rows": table.count_rows()}
 
 
-def compact_and_prune(table: lancedb.table.Table, older_than: timedelta) -> None:
+# Live compaction's tiers. Fragments under LIVE_FLOOR_ROWS always merge; a larger one merges only once the newer
+# rows after it add up to as many as it holds, so each row is rewritten about log2(LIVE_MAX_ROWS / floor) times
+# and fragment sizes at least double going back in time; from LIVE_MAX_ROWS on, live mode leaves a fragment to the
+# nightly maintenance. A live compaction therefore rewrites under 2 x LIVE_MAX_ROWS rows, however large the table.
+LIVE_FLOOR_ROWS = 1_024
+LIVE_MAX_ROWS = 65_536
+DELETED_SHARE = 0.1  # Lance's own threshold for rewriting a fragment to drop its deleted rows
+
+
+def live_exclusions(fragments: list[tuple[int, int, int]], floor: int = LIVE_FLOOR_ROWS,
+                    most: int = LIVE_MAX_ROWS) -> list[int]:
+    """The fragment ids a live compaction leaves alone, from (id, live rows, physical rows) in table order.
+
+    The newest fragments merge into one while each older one holds no more rows than all the newer ones together
+    (or under floor); the first that holds more ends the run. Older ones stay, except a fragment under most
+    whose deleted share reached DELETED_SHARE: that one is rewritten on its own.
+    """
+    excluded: list[int] = []
+    newer = 0
+    merging = True
+    for frag_id, rows, physical in reversed(fragments):
+        if merging and rows < most and (not newer or rows < floor or rows <= newer):
+            newer += rows
+            continue
+        merging = False
+        if rows >= most or not physical or (physical - rows) / physical < DELETED_SHARE:
+            excluded.append(frag_id)
+    return sorted(excluded)
+
+
+def fragment_rows(table: lancedb.table.Table) -> list[tuple[int, int, int]]:
+    """(id, live rows, physical rows) of each fragment of the table, in table order (from the manifest alone)."""
+    found = []
+    for fragment in table.to_lance().get_fragments():
+        meta = fragment.metadata
+        found.append((meta.id, meta.num_rows, meta.physical_rows))
+    return found
+
+
+def compact_and_prune(table: lancedb.table.Table, older_than: timedelta, *, live: bool = False) -> None:
     """Merge the table's small data files, then delete the files of untagged versions older than older_than.
 
     Lance's own calls, not LanceDB's optimize(): that also merged every index, which at 100k documents made
     it 187 s at a 2.6 GB peak; compaction alone is 32 s at 1.2 GB, and the index refresh merges the indexes
-    after (67 s, 0.6 GB). Tagged versions are kept, as optimize() kept them.
+    after (67 s, 0.6 GB). Tagged versions are kept, as optimize() kept them. live: merge in tiers
+    (live_exclusions), so that a watcher's upkeep costs the same in a table of 20k rows or of millions.
     """
-    table.to_lance().optimize.compact_files()
+    options = {"excluded_fragment_ids": live_exclusions(fragment_rows(table))} if live else {}
+    table.to_lance().optimize.compact_files(**options)
     table.checkout_latest()
     table.to_lance().cleanup_old_versions(older_than=older_than, error_if_tagged_old_versions=False)
     table.checkout_latest()
@@ -94,8 +135,8 @@ def compact_store(store_uri: str, retention_days: float, now: datetime,
                   keep_recent: timedelta | None = None) -> dict[str, dict]:
     """Compact every table of the store, drop run tags older than the retention, prune older versions.
 
-    keep_recent (live mode): prune untagged versions older than this instead of the retention, and keep one
-    run tag per hour past it (thinned_tags).
+    keep_recent (live mode): prune untagged versions older than this instead of the retention, keep one run
+    tag per hour past it (thinned_tags), and compact in tiers (compact_and_prune).
     """
     db = connect(store_uri)
     cutoff = now - timedelta(days=retention_days)
@@ -104,17 +145,18 @@ def compact_store(store_uri: str, retention_days: float, now: datetime,
     out = {}
     for name in sorted(table_names(db)):
         table = db.open_table(name)
-        before = table_shape(table)
+        versions = table.list_versions()  # every manifest is read: once per table, not once per question
+        before = table_shape(table, versions)
         tags = table.tags.list()
-        dropped = expired_tags(tags, table.list_versions(), cutoff)
+        dropped = expired_tags(tags, versions, cutoff)
         if keep_recent is not None:
             dropped = sorted({*dropped, *thinned_tags({k: v for k, v in tags.items() if k not in dropped},
-                                                      table.list_versions(), now - prune_after)})
+                                                      versions, now - prune_after)})
         for tag in dropped:  # a tagged version cannot be pruned: the tag goes with the version it keeps
             table.tags.delete(tag)
         published = tags.get(PUBLISHED_TAG, {}).get("version")
         at_latest = published == table.version
-        stamps = {v["version"]: _aware(v["timestamp"]) for v in table.list_versions()}
+        stamps = {v["version"]: _aware(v["timestamp"]) for v in versions}
         # Readers still need a published version that is not the latest (a run committed after it and did not
         # finish): past the cutoff, nothing is pruned until the next run publishes.
         kept = (f"version {published} is still the published one: versions were not pruned"
@@ -122,7 +164,7 @@ def compact_store(store_uri: str, retention_days: float, now: datetime,
                 else None)
         if at_latest:  # the tag would block pruning its version; readers see the same rows at the latest meanwhile
             table.tags.delete(PUBLISHED_TAG)
-        compact_and_prune(table, _FOREVER if kept else prune_after)
+        compact_and_prune(table, _FOREVER if kept else prune_after, live=keep_recent is not None)
         if at_latest:  # same rows, fewer files: readers move on to the compacted version
             table.tags.create(PUBLISHED_TAG, table.version)
         out[name] = {"before": before, "after": table_shape(table), "tags_removed": dropped,

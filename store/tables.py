@@ -47,11 +47,10 @@ def use_store_options(uri: str | Path, options: dict[str, str]) -> None:
 # event loop thread), and a run made one per stage. The process id keeps a forked worker off its parent's.
 _CONNECTIONS: dict[tuple[int, str, str], lancedb.DBConnection] = {}
 # The writer side's LanceDB caches (index pages, manifests and fragment metadata), bounded: LanceDB keeps what it
-# read of every version it opened, and a live watcher opens a new version every micro-batch. Unbounded, its RSS
-# grew 1.4 MB per micro-batch (bench/README.md, "Live freshness"); with these it levels off. A writer reads
-# little of each index (the chunk-id lookups of a merge, the full-text fold-in): no run got slower.
+# read of every version it opened. A run's bounds; a long-lived watcher sets smaller ones (live_cache_bounds).
 INDEX_CACHE_BYTES = 128 << 20
 METADATA_CACHE_BYTES = 64 << 20
+_CACHE_BYTES = {"index": INDEX_CACHE_BYTES, "metadata": METADATA_CACHE_BYTES}
 _KEPT_CONNECTIONS = 16
 _CONNECTING = threading.Lock()  # stages in threads connect at once
 
@@ -68,13 +67,25 @@ def connect(uri: str | Path) -> lancedb.DBConnection:
     with _CONNECTING:
         db = _CONNECTIONS.get(key)
         if db is None:
-            session = lancedb.Session(index_cache_size_bytes=INDEX_CACHE_BYTES,
-                                      metadata_cache_size_bytes=METADATA_CACHE_BYTES)
+            session = lancedb.Session(index_cache_size_bytes=_CACHE_BYTES["index"],
+                                      metadata_cache_size_bytes=_CACHE_BYTES["metadata"])
             db = lancedb.connect(str(uri), storage_options=options, session=session)
             if len(_CONNECTIONS) >= _KEPT_CONNECTIONS:
                 del _CONNECTIONS[next(iter(_CONNECTIONS))]
             _CONNECTIONS[key] = db
         return db
+
+
+def live_cache_bounds(index_bytes: int = 16 << 20, metadata_bytes: int = 16 << 20) -> None:
+    """Bound the LanceDB caches of connections made from now on (the watcher's): a micro-batch opens a new version.
+
+    In 300 in-process micro-batches (bench/README.md, "Live freshness"), with a run's bounds (128 + 64 MB) the
+    memory in use grew 0.46 MB a micro-batch until the caches were full; with 16 + 16 MB it stayed flat from
+    the 50th, and micro-batches took as long (p50 0.58-0.63 s). A micro-batch reads a few rows and index pages.
+    """
+    with _CONNECTING:
+        _CACHE_BYTES.update(index=index_bytes, metadata=metadata_bytes)
+        _CONNECTIONS.clear()
 
 
 def table_names(db: lancedb.DBConnection) -> set[str]:
@@ -203,6 +214,10 @@ def writer_lock(uri: str | Path, run: str, wait_s: float = 0) -> Iterator[None]:
         return
     folder = _lock_folder(Path(uri))
     lock, info = FileLock(folder / WRITER_LOCK), folder / WRITER_INFO
+    if wait_s < WATCHED_WAIT_S and watched_elsewhere(folder):
+        # A watcher holds the lock for a micro-batch at a time (about a second): a scheduled run or maintenance
+        # waits for a gap between them, where refusing at once would fail it about as often as the watcher writes.
+        wait_s = WATCHED_WAIT_S
     try:
         lock.acquire(timeout=wait_s)
     except Timeout:
@@ -224,6 +239,21 @@ def writer_lock(uri: str | Path, run: str, wait_s: float = 0) -> Iterator[None]:
 
 
 WATCHER_LOCK = ".inlet-watcher.lock"
+WATCHED_WAIT_S = 120.0  # how long another writer waits for the lock on a watched store, whatever lock_wait_s says
+_WATCHING: set[Path] = set()  # store folders this process watches
+
+
+def watched_elsewhere(folder: Path) -> bool:
+    """Whether another process's `inlet watch` keeps the local store in folder current."""
+    if folder in _WATCHING or not (folder / WATCHER_LOCK).exists():
+        return False
+    probe = FileLock(folder / WATCHER_LOCK)
+    try:
+        probe.acquire(timeout=0)
+    except Timeout:
+        return True
+    probe.release()
+    return False
 
 
 @contextmanager
@@ -246,9 +276,11 @@ def watcher_lock(uri: str | Path) -> Iterator[None]:
     except Timeout:
         msg = f"{uri} is already watched by another `inlet watch` process (lock {folder / WATCHER_LOCK})"
         raise StoreBusyError(msg) from None
+    _WATCHING.add(folder)
     try:
         yield
     finally:
+        _WATCHING.discard(folder)
         lock.release()
 
 

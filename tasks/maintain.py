@@ -180,13 +180,16 @@ def prune_runs_stage(artifacts: str, keep: int) -> list[str]:
 
 @task(name="refresh indexes", cache_policy=NO_CACHE)
 def index_stage(store_uri: str, chunks_tables: list[str], fulltext: bool, ann_min_rows: int,
-                language: str = "auto") -> dict[str, dict]:
+                language: str = "auto", live: bool = False) -> dict[str, dict]:
     """Create missing indexes, fold unindexed rows in and merge the runs' delta segments, for each chunks table.
 
     The full-text index is rebuilt if the table's most common language is no longer the one it stems for.
+    live: fold every unindexed row in as a delta segment, merging segments only past a run's limit: a merge
+    rewrites the whole index, a fold only the new rows.
     """
     db = connect(store_uri)
-    return {name: refresh_indexes(table, fulltext=fulltext, ann_min_rows=ann_min_rows, merge=True, language=language)
+    return {name: refresh_indexes(table, fulltext=fulltext, ann_min_rows=ann_min_rows, merge=not live,
+                                  language=language, fold_all=live)
             for name in chunks_tables if (table := open_table(db, name)) is not None}
 
 

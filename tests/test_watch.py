@@ -22,7 +22,7 @@ from runtime.artifacts import prune_run_folders
 from runtime.watch import Pending, Schedule
 from schemas.config import load_config
 from schemas.errors import ConfigError, StoreBusyError
-from store.maintenance import thinned_tags
+from store.maintenance import LIVE_FLOOR_ROWS, LIVE_MAX_ROWS, live_exclusions, thinned_tags
 from tests.test_real_server import BATCH_STAGES, _read_settled, _stage_counts, server  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,6 +105,36 @@ def test_thinning_keeps_recent_run_tags_and_the_last_tag_of_each_older_hour():
     tags = {f"run-{v}": {"version": v} for v in stamps} | {"published": {"version": 5}}
     dropped = thinned_tags(tags, versions, recent=t0 + timedelta(minutes=170))
     assert dropped == ["run-1", "run-3"], "the last of 10:00-11:00 and of 11:00-12:00 stay; recent ones all stay"
+
+
+def test_live_compaction_merges_new_fragments_in_tiers_and_leaves_large_old_ones_alone():
+    bulk = (1, 50_000, 50_000)
+    assert live_exclusions([bulk, (2, 400, 400), (3, 10, 10), (4, 12, 12)]) == [1], "the small new ones merge"
+    assert live_exclusions([bulk, (2, 5_000, 5_000), (3, 3_000, 3_000), (4, 12, 12)]) == [1, 2, 3], \
+        "3,000 rows wait until as many newer rows come after them"
+    assert live_exclusions([bulk, (2, 5_000, 5_000), (3, 3_000, 3_000), (4, 3_000, 3_000)]) == [1], \
+        "two equal tiers merge, and the merged one takes the next tier along"
+    assert live_exclusions([(1, 40_000, 50_000), (2, 5_000, 5_000), (3, 12, 12)]) == [2], \
+        "a fragment a fifth deleted is rewritten on its own"
+    huge = (1, LIVE_MAX_ROWS, 2 * LIVE_MAX_ROWS)
+    assert live_exclusions([huge, (2, LIVE_FLOOR_ROWS - 1, LIVE_FLOOR_ROWS - 1)]) == [1], "the nightly run's work"
+
+
+def test_live_compaction_bounds_fragments_and_rewrites_over_a_day_of_micro_batches():
+    fragments: list[tuple[int, int, int]] = [(0, 30_000, 30_000)]
+    rewritten = next_id = 0
+    for _ in range(4_000):  # a day at one maintenance per 20 micro-batches of ~15 rows each
+        fragments.append((next_id := next_id + 1, 300, 300))
+        excluded = set(live_exclusions(fragments))
+        merged = [f for f in fragments if f[0] not in excluded]
+        rewritten += sum(f[1] for f in merged)
+        fragments = [f for f in fragments if f[0] in excluded] + [(next_id := next_id + 1, sum(f[1] for f in merged),
+                                                                   sum(f[1] for f in merged))]
+        fragments.sort(key=lambda f: f[0] if f[0] in excluded else next_id)
+    written = 4_000 * 300
+    below_max = [f for f in fragments if f[1] < LIVE_MAX_ROWS]
+    assert len(below_max) <= 8, fragments
+    assert rewritten <= 8 * written, "each row rewritten a few times (log2 of the tiers), not once per maintenance"
 
 
 def test_run_folder_pruning_keeps_the_newest_runs_and_nothing_else_is_touched(tmp_path):

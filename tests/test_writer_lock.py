@@ -48,6 +48,27 @@ def test_a_second_writer_is_refused_naming_the_first_then_waits_if_asked(tmp_pat
     proc.wait(timeout=30)
 
 
+WATCH_AND_HOLD = ("from store.tables import watcher_lock, writer_lock; import sys, time\n"
+                  "with watcher_lock(sys.argv[1]):\n"
+                  "    with writer_lock(sys.argv[1], 'watch-micro-batch'):\n"
+                  "        print('held', flush=True); time.sleep(float(sys.argv[2]))\n"
+                  "    time.sleep(30)\n")
+
+
+def test_a_scheduled_run_waits_for_a_watchers_micro_batch_instead_of_failing(tmp_path):
+    store = tmp_path / "lancedb"
+    proc = subprocess.Popen([sys.executable, "-c", WATCH_AND_HOLD, str(store), "1.5"], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        with writer_lock(store, "scheduled-run"):  # lock_wait_s 0, but the store is watched: it waits its turn
+            assert time.monotonic() - started > 0.5
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def test_a_killed_writer_leaves_no_lock_behind(tmp_path):
     store = tmp_path / "lancedb"
     proc = _holder(store, 60.0)
