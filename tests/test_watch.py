@@ -305,6 +305,8 @@ def test_live_maintenance_keeps_versions_tags_and_run_folders_bounded_and_reader
     chunks = connect(cfg.store.uri).open_table(cfg.store.chunks_table)
     after = report["tables"][cfg.store.chunks_table]["after"]
     assert after["versions"] < before and after["fragments"] <= 2, report["tables"][cfg.store.chunks_table]
+    assert all(c["unindexed"] == 0 for c in report["indexes"][cfg.store.chunks_table].values()), \
+        "every new row folded into the indexes: searches do not scan unindexed rows"
     kept = [t for t in chunks.tags.list() if t.startswith("run-")]
     assert len(kept) == 1, "five runs within one hour: the hour's last tag stays"
     assert report["run_folders_pruned"] == 3
