@@ -80,20 +80,25 @@ def table_shape(table: lancedb.table.Table, versions: list[dict] | None = None) 
 # Live compaction's tiers. Fragments under LIVE_FLOOR_ROWS always merge; a larger one merges only once the newer
 # rows after it add up to as many as it holds, so each row is rewritten about log2(LIVE_MAX_ROWS / floor) times
 # and fragment sizes at least double going back in time; from LIVE_MAX_ROWS on, live mode leaves a fragment to the
-# nightly maintenance. A live compaction therefore rewrites under 2 x LIVE_MAX_ROWS rows, however large the table.
+# nightly maintenance. Deletions rewrite fragments on their own and leave small ones among large ones: past
+# LIVE_MAX_FRAGMENTS, everything under LIVE_MAX_ROWS merges at once (a rare, larger rewrite that resets the count).
 LIVE_FLOOR_ROWS = 1_024
 LIVE_MAX_ROWS = 65_536
+LIVE_MAX_FRAGMENTS = 24
 DELETED_SHARE = 0.1  # Lance's own threshold for rewriting a fragment to drop its deleted rows
 
 
 def live_exclusions(fragments: list[tuple[int, int, int]], floor: int = LIVE_FLOOR_ROWS,
-                    most: int = LIVE_MAX_ROWS) -> list[int]:
+                    most: int = LIVE_MAX_ROWS, max_fragments: int = LIVE_MAX_FRAGMENTS) -> list[int]:
     """The fragment ids a live compaction leaves alone, from (id, live rows, physical rows) in table order.
 
     The newest fragments merge into one while each older one holds no more rows than all the newer ones together
     (or under floor); the first that holds more ends the run. Older ones stay, except a fragment under most
-    whose deleted share reached DELETED_SHARE: that one is rewritten on its own.
+    whose deleted share reached DELETED_SHARE: that one is rewritten on its own. With more than max_fragments,
+    only fragments of most rows or more stay.
     """
+    if len(fragments) > max_fragments:
+        return sorted(frag_id for frag_id, rows, _ in fragments if rows >= most)
     excluded: list[int] = []
     newer = 0
     merging = True

@@ -22,7 +22,7 @@ from runtime.artifacts import prune_run_folders
 from runtime.watch import Pending, Schedule
 from schemas.config import load_config
 from schemas.errors import ConfigError, StoreBusyError
-from store.maintenance import LIVE_FLOOR_ROWS, LIVE_MAX_ROWS, live_exclusions, thinned_tags
+from store.maintenance import LIVE_FLOOR_ROWS, LIVE_MAX_FRAGMENTS, LIVE_MAX_ROWS, live_exclusions, thinned_tags
 from tests.test_real_server import BATCH_STAGES, _read_settled, _stage_counts, server  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,6 +118,9 @@ def test_live_compaction_merges_new_fragments_in_tiers_and_leaves_large_old_ones
         "a fragment a fifth deleted is rewritten on its own"
     huge = (1, LIVE_MAX_ROWS, 2 * LIVE_MAX_ROWS)
     assert live_exclusions([huge, (2, LIVE_FLOOR_ROWS - 1, LIVE_FLOOR_ROWS - 1)]) == [1], "the nightly run's work"
+    scattered = [(i, 3_000 if i % 2 else 150, 3_000 if i % 2 else 150) for i in range(LIVE_MAX_FRAGMENTS + 1)]
+    assert live_exclusions([huge, *[(i + 2, r, p) for i, r, p in scattered]]) == [1], \
+        "small files left among larger ones by deletions: past the bound, everything under the largest merges"
 
 
 def test_live_compaction_bounds_fragments_and_rewrites_over_a_day_of_micro_batches():
