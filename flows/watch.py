@@ -21,7 +21,6 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 from flows.ingest import DEFAULT_CONFIG, ingest
 from flows.maintenance import live_maintenance
 from flows.publishing import store_resource
-from runtime.memory import limit_malloc_arenas
 from runtime.watch import Pending, Schedule, start_following
 from schemas.config import InletConfig, SourceConfig, load_config
 from schemas.errors import PublishHeldError, StoreBusyError
@@ -303,7 +302,6 @@ def watch_loop(config_path: str | Path = DEFAULT_CONFIG, *, events: bool | None 
     watch.reconcile_s and polling alone find changes. emit_only: emit CHANGED_EVENT for a worker's ingest
     deployment to run instead of running here.
     """
-    limit_malloc_arenas()  # before LanceDB's and Prefect's threads start: a watcher lives for days
     config_path = str(Path(config_path).resolve())
     cfg = load_config(config_path)
     stop = stop or threading.Event()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -46,22 +45,3 @@ def release_memory() -> None:
         trim(0)
     pa.default_memory_pool().release_unused()
 
-
-_M_ARENA_MAX = -8  # mallopt's parameter number for the arena cap (glibc's malloc.h)
-
-
-def limit_malloc_arenas(arenas: int = 2) -> bool:
-    """Cap glibc's malloc arenas for a long-lived process (MALLOC_ARENA_MAX, if set, wins); True if capped.
-
-    glibc gives each allocating thread an arena (up to 8 per core), and an arena never returns the pages
-    under its high-water mark: LanceDB's I/O threads (150 in a watcher at 1 change/s) spread their
-    temporary buffers over all of them, so a long-lived process's RSS steps up to the sum of every
-    arena's peak. Lance's issue 7242 describes the same with repeated merge_insert. Call it before the
-    threads start; it does nothing under another C library.
-    """
-    if os.environ.get("MALLOC_ARENA_MAX"):
-        return False
-    libc = _libc()
-    if libc is None or not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
-        return False
-    return bool(libc.mallopt(_M_ARENA_MAX, arenas))
