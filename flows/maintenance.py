@@ -10,8 +10,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from providers.embedders import embedder_spec
-from runtime.memory import release_memory
 from providers.enrichers import make_enricher, resolve_enrichment
+from runtime.memory import release_memory
 from schemas.config import InletConfig, load_config
 from store.maintenance import published_at_latest, republish
 from store.tables import use_store_options, writer_lock

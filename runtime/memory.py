@@ -44,4 +44,3 @@ def release_memory() -> None:
     if trim is not None:
         trim(0)
     pa.default_memory_pool().release_unused()
-
