@@ -1,11 +1,16 @@
-"""Live mode: one warm process keeps the store current, an ordinary ingest run per settled set of changes.
+"""Live mode: a watcher and its warm worker keep the store current, an ordinary ingest run per settled set of changes.
 
-events | polls | reconciliation -> settled set of sources -> ingest flow run (sources=...) -> published version
-                                                            -> (idle) live maintenance flow run
+events | polls | reconciliation -> settled set of sources -> worker: ingest flow run (sources=...) -> published version
+                                                            -> (idle) worker: live maintenance flow run
+
+The watcher (this module) notices, settles and schedules; the worker process (flows/watch_worker.py) holds the
+models and connections warm and runs the flows. A worker that has grown is replaced by a warmed spare between
+two micro-batches (runtime/worker.py says why), so the watcher's memory stays bounded over days.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -16,15 +21,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from prefect import flow
-from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+from prefect.settings import get_current_settings
 
-from flows.ingest import DEFAULT_CONFIG, ingest
-from flows.maintenance import live_maintenance
-from flows.publishing import store_resource
 from runtime.watch import Pending, Schedule, start_following
-from schemas.config import InletConfig, SourceConfig, load_config
-from schemas.errors import PublishHeldError, StoreBusyError
-from store.tables import live_cache_bounds, watcher_lock
+from runtime.worker import WarmWorker
+from schemas.config import DEFAULT_CONFIG, InletConfig, SourceConfig, load_config
+from schemas.errors import StoreBusyError, WorkerDiedError
+from store.tables import watcher_lock
 from tasks.crawl import path_filter
 
 RUN_PREFIX = "watch-"  # every micro-batch run's name starts so: the UI filters on it, a restart finds its dead runs
@@ -45,7 +48,8 @@ class Batch:
     since_notice: float | None  # first notice of the change to the published version
     summary: dict | None = None
     error: str | None = None
-    kind: str = "ingest"  # ingest | emit | maintenance
+    kind: str = "ingest"  # ingest | emit | maintenance | worker (a worker replaced by its spare)
+    detail: dict | None = None  # what a worker line reports
 
     def line(self) -> dict:
         """One JSON-able line for logs, `inlet watch --json` and the freshness benchmark."""
@@ -57,7 +61,8 @@ class Batch:
                 "since_notice": None if self.since_notice is None else round(self.since_notice, 3),
                 "error": self.error, **{k: s[k] for k in keys if k in s},
                 "version": (s.get("versions") or {}).get("chunks"),
-                "slowest": dict(sorted((s.get("stage_seconds") or {}).items(), key=lambda kv: -kv[1])[:3])}
+                "slowest": dict(sorted((s.get("stage_seconds") or {}).items(), key=lambda kv: -kv[1])[:3]),
+                **({"detail": self.detail} if self.detail else {})}
 
 
 def local_roots(cfg: InletConfig) -> list[Path]:
@@ -104,32 +109,6 @@ def route_events(cfg: InletConfig) -> Callable[[str], set[str]]:
     return lambda path: {name for name, routes in routers if routes(path)}
 
 
-def warm_up(cfg: InletConfig) -> dict[str, float]:
-    """Load what a micro-batch would otherwise load on its first change: models, tokenizer, great-expectations."""
-    from providers import gx, tokenizer
-    from providers.embedders import make_embedder, resolve_embedding
-    from providers.enrichers import make_enricher, resolve_enrichment
-
-    seconds: dict[str, float] = {}
-
-    def timed(name: str, fn: Callable[[], object]) -> None:
-        begin = time.perf_counter()
-        fn()
-        seconds[name] = round(time.perf_counter() - begin, 3)
-
-    timed("tokenizer", tokenizer.warm)
-    for _, vcfg in cfg.all_variants():
-        embedding, _ = resolve_embedding(vcfg.embedding)
-        if embedding.kind != "gemini":  # a remote model has nothing to load
-            timed(f"embedder {embedding.kind}", lambda e=embedding: make_embedder(e).embed(["warm up"]))
-        enrichment, _ = resolve_enrichment(vcfg.enrichment)
-        if enrichment.enabled:
-            timed(f"enricher {enrichment.kind}", lambda e=enrichment: make_enricher(e))
-    if cfg.quality.enabled:
-        timed("great-expectations", gx.context)
-    return seconds
-
-
 def crash_dead_runs(cfg: InletConfig, config_path: str) -> list[str]:
     """Mark this store's micro-batch runs a killed watcher left Running as Crashed; return their names.
 
@@ -160,6 +139,8 @@ def emit_changed(cfg: InletConfig, config_path: str, sources: list[str], why: di
     """Emit the event that triggers the ingest deployment (prefect.yaml's triggers) instead of running here."""
     from prefect.events import emit_event
 
+    from flows.publishing import store_resource
+
     emit_event(event=CHANGED_EVENT, resource=store_resource(cfg),
                payload={"config_path": config_path, "sources": sources, "why": sorted(set(why.values()))})
 
@@ -167,24 +148,6 @@ def emit_changed(cfg: InletConfig, config_path: str, sources: list[str], why: di
 def run_name(kind: str = "") -> str:
     """A micro-batch's (or live maintenance's) flow run name: watch-[kind-]<UTC time to the microsecond>."""
     return f"{RUN_PREFIX}{kind + '-' if kind else ''}{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
-
-
-def run_micro_batch(config_path: str, sources: list[str] | None, paths: list[str] | None = None) -> dict:
-    """Run the ordinary ingest flow over these sources (None: all) as a run named watch-<time>; return its summary.
-
-    paths: what events named; a local folder source holding any of them is listed there only.
-
-    Called with heartbeats off (watch_loop): a sync flow run ends by joining its heartbeat thread, which sleeps
-    in whole seconds (up to 1 s per micro-batch, most of a small change's latency). A watcher killed mid-run
-    leaves that run Running; the next watcher marks it Crashed at start (crash_dead_runs).
-    """
-    # Named, not tagged: a tag would reach every task run, and each task run then asks the API for the tag's
-    # concurrency slots (~15 round trips per micro-batch).
-    name = run_name()
-    try:
-        return ingest.with_options(flow_run_name=name)(config_path=config_path, sources=sources, paths=paths)
-    except PublishHeldError as exc:  # committed, not published: the run is Held in the UI; the watcher goes on
-        return exc.summary
 
 
 @dataclass
@@ -196,6 +159,7 @@ class Watcher:
     stop: threading.Event
     emit_only: bool = False
     on_batch: Callable[[Batch], None] = lambda batch: None
+    worker: WarmWorker | None = None  # runs the flows; None in emit-only mode
     pending: Pending = field(default_factory=Pending)
     failures: int = 0
     since_maintenance: int = 0  # micro-batches since live maintenance last ran
@@ -240,8 +204,10 @@ class Watcher:
             return False
         if self.since_maintenance >= 2 * w.maintain_every:
             return True
-        due = self.since_maintenance >= w.maintain_every or now - self.last_maintenance >= w.maintain_max_s
-        return due and not waiting and now - self.last_batch >= w.maintain_idle_s
+        quiet = now - self.last_batch
+        due = (self.since_maintenance >= w.maintain_every or now - self.last_maintenance >= w.maintain_max_s
+               or quiet >= w.maintain_quiet_s)
+        return due and not waiting and quiet >= w.maintain_idle_s
 
     def _ingest(self, due: dict[str, str], first: float, paths: list[str]) -> None:
         names = [n for n in self.source_names() if n in due]
@@ -252,9 +218,9 @@ class Watcher:
             if self.emit_only:
                 emit_changed(self.cfg, self.config_path, names, due)
             else:
-                batch.summary = run_micro_batch(self.config_path,
-                                                None if len(names) == len(self.source_names()) else names,
-                                                paths or None)
+                assert self.worker is not None
+                batch.summary = self.worker.call(
+                    ("ingest", None if len(names) == len(self.source_names()) else names, paths or None))
             self.failures = 0
             self.since_maintenance += 1
         except StoreBusyError as exc:  # another writer (a scheduled run, maintenance): its turn first, then ours
@@ -263,6 +229,8 @@ class Watcher:
             self.stop.wait(1.0)
         except Exception as exc:  # noqa: BLE001 - the watcher outlives any one run's failure (a broken config too)
             batch.error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, WorkerDiedError):
+                self.crashed()
             self.failures += 1
             self.pending.add(names, "retry")
             self.stop.wait(min(60.0, 2.0 ** self.failures))  # a broken config or store: back off, then try again
@@ -275,15 +243,29 @@ class Watcher:
         begin = time.monotonic()
         batch = Batch([], {}, started, 0.0, None, kind="maintenance")
         try:
-            batch.summary = live_maintenance.with_options(flow_run_name=run_name("maintenance"))(
-                config_path=self.config_path)
+            assert self.worker is not None
+            batch.summary = self.worker.call(("maintain",))
             self.since_maintenance = 0
         except StoreBusyError as exc:
             batch.error = str(exc)
         except Exception as exc:  # noqa: BLE001 - maintenance failing must not stop the store being kept fresh
             batch.error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, WorkerDiedError):
+                self.crashed()
         batch.seconds = time.monotonic() - begin
         self.on_batch(batch)
+
+    def on_worker_replaced(self, info: dict) -> None:
+        """Report a worker handing over to its spare as a line of its own."""
+        self.on_batch(Batch([], {}, datetime.now(UTC), 0.0, None, kind="worker", detail=info))
+
+    def crashed(self) -> None:
+        """The worker died mid-run: mark its run Crashed now (the next micro-batch redoes its work)."""
+        try:
+            for name in crash_dead_runs(self.cfg, self.config_path):
+                log.warning("the worker died during %s: marked Crashed; its sources are redone", name)
+        except Exception as exc:  # noqa: BLE001 - the API may be down too; the next start marks it then
+            log.warning("could not mark the dead worker's run Crashed (%s: %s)", type(exc).__name__, exc)
 
     def on_events_failed(self, exc: Exception) -> None:
         """File-system events stopped: say so, and let reconciliation (and a catch-up run now) carry on."""
@@ -306,10 +288,13 @@ def watch_loop(config_path: str | Path = DEFAULT_CONFIG, *, events: bool | None 
     cfg = load_config(config_path)
     stop = stop or threading.Event()
     watcher = Watcher(config_path, cfg, stop, emit_only, on_batch or (lambda batch: None))
-    live_cache_bounds()  # a long-lived writer: LanceDB's caches would otherwise grow with every version it opens
-    with watcher_lock(cfg.store.uri):
+    with watcher_lock(cfg.store.uri), contextlib.ExitStack() as stack:
         crashed = [] if emit_only else crash_dead_runs(cfg, config_path)
-        warmed = {} if emit_only else warm_up(cfg)
+        warmed: dict = {}
+        if not emit_only:
+            watcher.worker = start_worker(cfg, config_path, watcher.on_worker_replaced)
+            stack.callback(watcher.worker.close)
+            warmed = watcher.worker.start()["warmed"]
         now = time.monotonic()
         schedule = Schedule(now)
         schedule.every(RECONCILE, cfg.watch.reconcile_s)
@@ -324,11 +309,20 @@ def watch_loop(config_path: str | Path = DEFAULT_CONFIG, *, events: bool | None 
         watcher.pending.add(watcher.source_names(), RECONCILE)  # the first run reconciles whatever changed while down
         if on_ready is not None:
             on_ready({"events": watcher.events_on, "roots": [str(r) for r in roots], "warmed": warmed,
-                      "crashed": crashed, "polled": polled_sources(cfg), "reconcile_s": cfg.watch.reconcile_s})
-        # Once for the watcher's life, not per micro-batch (building settings costs ~10 ms): no run heartbeats.
-        with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-            while not stop.is_set():
-                watcher.step(schedule)
+                      "crashed": crashed, "polled": polled_sources(cfg), "reconcile_s": cfg.watch.reconcile_s,
+                      "worker_pid": watcher.worker.pid() if watcher.worker else None})
+        while not stop.is_set():
+            watcher.step(schedule)
+
+
+def start_worker(cfg: InletConfig, config_path: str, on_replaced: Callable[[dict], None]) -> WarmWorker:
+    """The worker that runs this watcher's flows, with this process's Prefect settings (API URL and all)."""
+    # As Prefect's own runner hands settings to the processes it starts: a test's or profile's in-process
+    # settings reach the worker too, not only what the environment says.
+    env = get_current_settings().to_environment_variables(exclude_unset=True)
+    return WarmWorker("flows.watch_worker", [config_path], env=env, growth_mb=cfg.watch.worker_growth_mb,
+                      settle_calls=cfg.watch.worker_settle_runs,
+                      on_replaced=on_replaced)
 
 
 @flow(name="watch", log_prints=True)

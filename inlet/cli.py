@@ -490,6 +490,9 @@ def watch(
                        f"{line.get('docs_new', 0)} new, {line.get('docs_changed', 0)} changed, "
                        f"{line.get('docs_deleted', 0)} deleted, {line.get('texts_embedded', 0)} embedded; "
                        f"version {line['version']} searchable {line['since_notice']:.2f} s after the change")
+        elif batch.kind == "worker":
+            typer.echo(f"{line['at'][:19]} worker replaced by a warm spare after {line['detail']['calls']} runs "
+                       f"({line['detail']['rss_mb']:.0f} MB, settled at {line['detail']['settled_mb']:.0f} MB)")
         else:
             typer.echo(f"{line['at'][:19]} {batch.kind} done in {line['seconds']:.2f} s")
 

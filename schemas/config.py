@@ -227,6 +227,7 @@ class ChunkingConfig(_Strict):
 
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "configs" / "prompts"
+DEFAULT_CONFIG = PROMPTS_DIR.parent / "inlet.yaml"  # the embedded defaults every entry point starts from
 
 
 class BatchModeConfig(_Strict):
@@ -511,6 +512,13 @@ class WatchConfig(_Strict):
                                    "except one run tag per hour back to maintenance.retention_days.")
     keep_run_folders: int = Field(50, ge=1, description="Run artifact folders kept (the newest); older ones are "
                                   "deleted by live mode's maintenance.")
+    maintain_quiet_s: float = Field(10.0, gt=0, description="Maintenance also runs once no change came for this "
+                                    "long after a micro-batch, so a quiet store's indexes cover every row.")
+    worker_growth_mb: float = Field(64.0, gt=0, description="The worker process that runs the flows is replaced by "
+                                    "a warmed spare once its resident memory grew this much past its settled size "
+                                    "(libraries' allocators keep what thousands of runs freed).")
+    worker_settle_runs: int = Field(40, ge=1, description="Runs after which a worker's memory counts as settled "
+                                    "(models loaded, caches filled): its growth is measured from there.")
 
 
 class StoreConfig(_Strict):

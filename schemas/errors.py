@@ -106,6 +106,10 @@ class CostCeilingError(InletError):
     """A run's plan costs more than run.max_cost_usd: it stopped before any model call and wrote nothing."""
 
 
+class WorkerDiedError(InletError):
+    """The watcher's worker process died (killed, out of memory) before it answered; its run is redone."""
+
+
 class PublishHeldError(InletError):
     """A run committed, but the publish gate held its version back: readers keep the published one."""
 

@@ -256,6 +256,20 @@ def watched_elsewhere(folder: Path) -> bool:
     return False
 
 
+def _watcher_folder(uri: str | Path) -> Path:
+    """Where a store's watcher lock lives: the store folder, or for object storage one in this machine's home."""
+    import hashlib
+
+    if is_remote_store(uri):
+        return Path.home() / ".inlet" / "watchers" / hashlib.sha256(str(uri).encode()).hexdigest()[:12]
+    return Path(uri)
+
+
+def works_for_watcher(uri: str | Path) -> None:
+    """Mark this process as the watcher's worker: its parent holds the watcher lock, so its writes do not wait on it."""
+    _WATCHING.add(_watcher_folder(uri))
+
+
 @contextmanager
 def watcher_lock(uri: str | Path) -> Iterator[None]:
     """Hold the one-watcher-per-store lock while `inlet watch` lives; a second watcher is refused at once.
@@ -263,12 +277,7 @@ def watcher_lock(uri: str | Path) -> Iterator[None]:
     A file lock in the store folder (or, for a store on object storage, in this machine's home, keyed by the
     store): it dies with its process, so a killed watcher never blocks the next one. Runs do not take it.
     """
-    import hashlib
-
-    if is_remote_store(uri):
-        folder = Path.home() / ".inlet" / "watchers" / hashlib.sha256(str(uri).encode()).hexdigest()[:12]
-    else:
-        folder = Path(uri)
+    folder = _watcher_folder(uri)
     _lock_folder(folder)
     lock = FileLock(folder / WATCHER_LOCK)
     try:

@@ -410,29 +410,41 @@ def _published_events(url: str) -> list[dict]:
         time.sleep(0.5)
 
 
-def test_a_watcher_killed_mid_commit_and_restarted_loses_nothing_duplicates_nothing_and_repays_no_model_call(
+def test_a_worker_killed_mid_commit_is_replaced_and_a_killed_watcher_restarted_loses_nothing_and_repays_nothing(
         server, corpus, write_config):  # noqa: F811
+    import psutil
+
     from store.tables import connect
 
     config = write_config(corpus, watch={"settle_ms": 50})
-    first = Watch(server, config, INLET_FAILPOINT="chunks-committed@2")  # the start's run commits once
+    first = Watch(server, config, INLET_FAILPOINT="chunks-committed@2")  # the worker's second commit kills it
     first.next("ready")
     first.next()
     (corpus / "ferry.md").write_text(f"# Ferry\n\nThe {WORD} leaves at nine.\n", encoding="utf-8")
-    assert first.proc.wait(120) == -signal.SIGKILL, "killed inside its second commit"
+    died = first.next()
+    assert "WorkerDiedError" in died["error"], "killed inside its commit"
+    retry = first.next()
+    assert retry["why"] == ["retry"] and retry["error"] is None, "a new worker redid the dead one's sources"
+    assert retry["texts_embedded"] == 0, "the vector paid for before the kill came from the model cache"
+    workers = psutil.Process(first.proc.pid).children()
+    assert workers, "the watcher runs its flows in a worker process"
+    first.proc.kill()
+    assert first.proc.wait(30) == -signal.SIGKILL
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert alive == [], "a killed watcher's worker exits with it: no second writer outlives it"
 
     second = Watch(server, config)
     try:
         ready = second.next("ready")
-        assert len(ready["crashed"]) == 1, "the killed run is marked Crashed, not left Running"
+        assert ready["crashed"] == [], "the dead worker's run was marked Crashed when it died"
         redo = second.next()
-        assert redo["why"] == ["reconcile"] and redo["error"] is None
-        assert redo["texts_embedded"] == 0, "the vector paid for before the kill came from the model cache"
+        assert redo["why"] == ["reconcile"] and redo["error"] is None and redo["docs_changed"] == 0
     finally:
         second.stop()
     assert _found(config, WORD)
     cfg = load_config(config)
     ids = connect(cfg.store.uri).open_table(cfg.store.chunks_table).to_arrow()["chunk_id"].to_pylist()
     assert len(ids) == len(set(ids)), "no chunk twice"
-    states = sorted(r.state.type.value for r in asyncio.run(_watch_runs(server["PREFECT_API_URL"])))
-    assert states == ["COMPLETED", "COMPLETED", "CRASHED"]
+    runs = asyncio.run(_watch_runs(server["PREFECT_API_URL"]))
+    states = sorted(r.state.type.value for r in runs if not r.name.startswith("watch-maintenance"))
+    assert states == ["COMPLETED", "COMPLETED", "COMPLETED", "CRASHED"]

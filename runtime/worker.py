@@ -1,0 +1,252 @@
+"""One warm worker process for a long-lived service, replaced by a warmed spare once its memory has grown.
+
+A process that runs thousands of micro-batches keeps what its libraries' allocators and thread pools keep:
+in 180 micro-batches, one process's live heap grew 35 MB while its resident memory grew 250 MB (glibc's
+per-thread arenas, Lance's thread pools; bench/README.md, "Live freshness"). No setting of ours bounds
+that, so the watcher bounds it the way long-lived servers do (gunicorn's max_requests, Celery's
+worker_max_memory_per_child): the work runs in a child process, and once the child has grown past its
+settled size by a set amount, a spare is started and warmed beside it and takes over between two requests.
+
+The channel is the child's stdin and stdout, pickled requests one at a time; the child's own prints go to
+stderr. A child whose parent died (SIGKILL of the watcher) kills itself within a quarter second: it is
+part of the watcher, and a restarted watcher must find no second writer still running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import psutil
+
+from schemas.errors import WorkerDiedError
+
+log = logging.getLogger("inlet.worker")
+GUARD_S = 0.25  # how often a child checks that its parent is alive
+
+
+@dataclass
+class _Child:
+    """One started worker process: its pipes, what it said when ready, and its memory once settled."""
+
+    proc: subprocess.Popen
+    ready: dict
+    calls: int = 0
+    settled_mb: float | None = None  # resident memory after the settling calls; growth is measured from here
+
+    def rss_mb(self) -> float:
+        """Resident memory now, in MB (0 when it has exited)."""
+        try:
+            return psutil.Process(self.proc.pid).memory_info().rss / 2**20
+        except psutil.Error:
+            return 0.0
+
+    def send(self, message: Any) -> None:
+        assert self.proc.stdin is not None
+        pickle.dump(message, self.proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+        self.proc.stdin.flush()
+
+    def receive(self) -> tuple[str, Any]:
+        assert self.proc.stdout is not None
+        return pickle.load(self.proc.stdout)
+
+    def stop(self, wait_s: float = 30.0) -> None:
+        """Ask it to exit after its current request; kill it if it does not."""
+        try:
+            self.send(None)
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+        try:
+            self.proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdout, self.proc.stdin):
+            if pipe is not None:
+                pipe.close()
+
+
+@dataclass
+class WarmWorker:
+    """Run requests in a warm child process (`python -m module *args`); replace it once it has grown.
+
+    settle_calls: requests after which the child's memory counts as settled (models loaded, caches full);
+    growth_mb: growth past that at which a spare is started; it takes over at the next request once warm.
+    """
+
+    module: str
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    growth_mb: float = 128.0
+    settle_calls: int = 40
+    on_replaced: Callable[[dict], None] = lambda info: None
+    current: _Child | None = None
+    replaced: int = 0
+    _spare: _Child | None = None
+    _spare_error: BaseException | None = None
+    _spare_thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> dict:
+        """Start the worker (if none runs) and wait until it is warm; return what it reported when ready."""
+        if self.current is None:
+            self.current = self._spawn()
+        return self.current.ready
+
+    def pid(self) -> int | None:
+        """The running worker's process id."""
+        return self.current.proc.pid if self.current is not None else None
+
+    def tree_rss_mb(self) -> float:
+        """Resident memory of the worker and of a spare being warmed, in MB."""
+        children = [c for c in (self.current, self._spare) if c is not None]
+        return sum(c.rss_mb() for c in children)
+
+    def call(self, request: Any) -> Any:
+        """Run one request in the worker; re-raise its exception; WorkerDiedError if the process died doing it."""
+        self._take_spare()
+        child = self.current if self.current is not None else self._first()
+        try:
+            child.send(request)
+            kind, value = child.receive()
+        except (EOFError, OSError, pickle.UnpicklingError) as exc:
+            code = child.proc.wait()
+            self.current = None
+            raise WorkerDiedError(f"the worker process {child.proc.pid} died (exit code {code}) during {request[0]!r}; "
+                                  "a new one starts with the next request") from exc
+        child.calls += 1
+        self._watch_memory(child)
+        if kind == "raise":
+            raise value
+        return value
+
+    def close(self) -> None:
+        """Stop the worker and any spare."""
+        if self._spare_thread is not None:
+            self._spare_thread.join()
+        for child in (self.current, self._spare):
+            if child is not None:
+                child.stop()
+        self.current = self._spare = None
+
+    def _first(self) -> _Child:
+        self.current = self._spawn()
+        return self.current
+
+    def _watch_memory(self, child: _Child) -> None:
+        """Note the settled size after settle_calls; past it by growth_mb, start warming a spare."""
+        if child.calls < self.settle_calls:
+            return
+        rss = child.rss_mb()
+        if child.settled_mb is None:
+            child.settled_mb = rss
+        elif rss > child.settled_mb + self.growth_mb and self._spare_thread is None:
+            self._spare_thread = threading.Thread(target=self._warm_spare, name="inlet-worker-spare", daemon=True)
+            self._spare_thread.start()
+
+    def _warm_spare(self) -> None:
+        try:
+            spare = self._spawn()
+        except BaseException as exc:  # noqa: BLE001 - reported at the next request; the current worker goes on
+            with self._lock:
+                self._spare_error = exc
+            return
+        with self._lock:
+            self._spare = spare
+
+    def _take_spare(self) -> None:
+        """Between requests: hand over to a warm spare, or report one that failed to start."""
+        with self._lock:
+            spare, error = self._spare, self._spare_error
+            if spare is None and error is None:
+                return
+            self._spare = self._spare_error = None
+        assert self._spare_thread is not None
+        self._spare_thread.join()
+        self._spare_thread = None
+        if error is not None:
+            log.warning("a spare worker failed to start (%s: %s); the current one goes on", type(error).__name__,
+                        error)
+            if self.current is not None:
+                self.current.settled_mb = self.current.rss_mb()  # try again after as much growth again
+            return
+        old, self.current = self.current, spare
+        self.replaced += 1
+        info = {"replaced": self.replaced, "calls": old.calls if old else 0,
+                "settled_mb": round(old.settled_mb or 0, 1) if old else None,
+                "rss_mb": round(old.rss_mb(), 1) if old else None, "pid": spare.proc.pid}
+        if old is not None:
+            old.stop()
+        log.info("worker replaced by a warm spare: %s", info)
+        self.on_replaced(info)
+
+    def _spawn(self) -> _Child:
+        """Start `python -m module *args` and wait for its ready message (or its exception)."""
+        proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args], env={**os.environ, **self.env},
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        child = _Child(proc, {})
+        try:
+            kind, value = child.receive()
+        except (EOFError, OSError, pickle.UnpicklingError) as exc:
+            code = proc.wait()
+            raise WorkerDiedError(f"the worker process ({self.module}) exited with code {code} before it was "
+                                  "ready; its output above says why") from exc
+        if kind == "raise":
+            child.stop()
+            raise value
+        child.ready = value
+        return child
+
+
+def serve(init: Callable[[], dict], handle: Callable[[Any], Any]) -> None:
+    """A worker's main loop: init() once (its result is the ready message), then handle() each request."""
+    channel_in: IO[bytes] = sys.stdin.buffer
+    channel_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a library's print must not land in the channel
+    # Ctrl-C reaches the whole process group: the watcher stops after the run in progress, then closes the channel.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+    threading.Thread(target=_die_with, args=(parent,), name="inlet-worker-guard", daemon=True).start()
+
+    def send(kind: str, value: Any) -> None:
+        try:
+            data = pickle.dumps((kind, value), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - an exception that cannot be pickled still reaches the parent
+            data = pickle.dumps(("raise", RuntimeError(f"{type(value).__name__}: {value} (unpicklable: {exc})")))
+        channel_out.write(data)
+        channel_out.flush()
+
+    try:
+        send("ok", init())
+    except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
+        send("raise", exc)
+        return
+    while True:
+        try:
+            request = pickle.load(channel_in)
+        except EOFError:  # the parent closed the channel or died
+            return
+        if request is None:
+            return
+        try:
+            send("ok", handle(request))
+        except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
+            send("raise", exc)
+
+
+def _die_with(parent: int) -> None:
+    """Exit this worker at once when its parent is gone (a SIGKILL leaves no one to stop it otherwise)."""
+    while os.getppid() == parent:
+        time.sleep(GUARD_S)
+    os._exit(70)

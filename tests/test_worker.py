@@ -1,0 +1,51 @@
+"""The watcher's warm worker process: requests, errors, a death, and replacement by a spare once it has grown."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from runtime.worker import WarmWorker
+from schemas.errors import WorkerDiedError
+
+
+@pytest.fixture
+def worker():
+    started = WarmWorker("tests.grow_worker", ["hello"], growth_mb=32, settle_calls=2)
+    yield started
+    started.close()
+
+
+def test_a_worker_answers_requests_in_its_own_process_and_its_exceptions_reach_the_caller(worker):
+    assert worker.start() == {"argv": ["hello"], "pid": worker.pid()}
+    assert worker.call(("pid",)) == worker.pid(), "a print in the worker did not corrupt the channel"
+    with pytest.raises(ValueError, match="bad request"):
+        worker.call(("raise", "bad request"))
+    assert worker.call(("pid",)) == worker.pid(), "an exception leaves the worker serving"
+
+
+def test_a_worker_that_dies_mid_request_is_reported_and_a_new_one_serves_the_next(worker):
+    worker.start()
+    first = worker.pid()
+    with pytest.raises(WorkerDiedError, match="died"):
+        worker.call(("die",))
+    assert worker.call(("pid",)) not in (first, None)
+
+
+def test_a_worker_grown_past_its_settled_size_hands_over_to_a_warm_spare_between_requests(worker):
+    replaced: list[dict] = []
+    worker.on_replaced = replaced.append
+    worker.start()
+    first = worker.pid()
+    worker.call(("grow", 1))
+    worker.call(("grow", 1))  # settled after two requests
+    assert worker.call(("grow", 8)) and worker.replaced == 0, "within the allowed growth: no spare"
+    worker.call(("grow", 48))  # past it: a spare starts warming
+    deadline = time.monotonic() + 60
+    while worker.replaced == 0 and time.monotonic() < deadline:
+        worker.call(("pid",))
+        time.sleep(0.2)
+    assert worker.replaced == 1 and worker.pid() != first
+    assert worker.call(("pid",)) == worker.pid()
+    assert replaced[0]["calls"] >= 4 and replaced[0]["rss_mb"] > replaced[0]["settled_mb"] + 32
