@@ -517,7 +517,7 @@ class WatchConfig(_Strict):
     worker_growth_mb: float = Field(64.0, gt=0, description="The worker process that runs the flows is replaced by "
                                     "a warmed spare once its resident memory grew this much past its settled size "
                                     "(libraries' allocators keep what thousands of runs freed).")
-    worker_settle_runs: int = Field(40, ge=1, description="Runs after which a worker's memory counts as settled "
+    worker_settle_runs: int = Field(100, ge=1, description="Runs after which a worker's memory counts as settled "
                                     "(models loaded, caches filled): its growth is measured from there.")
 
 
