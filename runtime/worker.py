@@ -7,8 +7,9 @@ that, so the watcher bounds it the way long-lived servers do (gunicorn's max_req
 worker_max_memory_per_child): the work runs in a child process, and once the child has grown past its
 settled size by a set amount, a spare is started and warmed beside it and takes over between two requests.
 
-The channel is the child's stdin and stdout, pickled requests one at a time; the child's own prints go to
-stderr. A child whose parent died (SIGKILL of the watcher) kills itself within a quarter second: it is
+Requests go down the child's stdin, answers come back on a pipe of their own (its descriptor named in
+CHANNEL_ENV), pickled, one at a time; the child's stdout is the parent's stderr, so nothing a library prints,
+even while it is imported, can reach the channel or a parent's own output (`inlet watch --json`). A child whose parent died (SIGKILL of the watcher) kills itself within a quarter second: it is
 part of the watcher, and a restarted watcher must find no second writer still running.
 """
 
@@ -32,6 +33,7 @@ from schemas.errors import WorkerDiedError
 
 log = logging.getLogger("inlet.worker")
 GUARD_S = 0.25  # how often a child checks that its parent is alive
+CHANNEL_ENV = "INLET_WORKER_CHANNEL"  # the descriptor a worker writes its answers to
 
 
 @dataclass
@@ -39,6 +41,7 @@ class _Child:
     """One started worker process: its pipes, what it said when ready, and its memory once settled."""
 
     proc: subprocess.Popen
+    answers: IO[bytes]  # the read end of the child's answer pipe
     ready: dict
     calls: int = 0
     settled_mb: float | None = None  # resident memory after the settling calls; growth is measured from here
@@ -56,8 +59,14 @@ class _Child:
         self.proc.stdin.flush()
 
     def receive(self) -> tuple[str, Any]:
-        assert self.proc.stdout is not None
-        return pickle.load(self.proc.stdout)
+        return pickle.load(self.answers)
+
+    def lost(self) -> int:
+        """The channel broke: make sure the process is gone, and return its exit code."""
+        self.proc.kill()  # a child that broke its channel but lives would otherwise be waited for forever
+        code = self.proc.wait()
+        self.answers.close()
+        return code
 
     def stop(self, wait_s: float = 30.0) -> None:
         """Ask it to exit after its current request; kill it if it does not."""
@@ -72,9 +81,7 @@ class _Child:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        for pipe in (self.proc.stdout, self.proc.stdin):
-            if pipe is not None:
-                pipe.close()
+        self.answers.close()
 
 
 @dataclass
@@ -121,7 +128,7 @@ class WarmWorker:
             child.send(request)
             kind, value = child.receive()
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
-            code = child.proc.wait()
+            code = child.lost()
             self.current = None
             raise WorkerDiedError(f"the worker process {child.proc.pid} died (exit code {code}) during {request[0]!r}; "
                                   "a new one starts with the next request") from exc
@@ -193,13 +200,21 @@ class WarmWorker:
 
     def _spawn(self) -> _Child:
         """Start `python -m module *args` and wait for its ready message (or its exception)."""
-        proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args], env={**os.environ, **self.env},
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        child = _Child(proc, {})
+        read, write = os.pipe()
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args],
+                                    env={**os.environ, **self.env, CHANNEL_ENV: str(write)}, pass_fds=(write,),
+                                    stdin=subprocess.PIPE, stdout=2)  # fd 2: sys.stderr may have no descriptor (pytest)
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(write)  # the child holds it now: its exit is our end of file
+        child = _Child(proc, os.fdopen(read, "rb"), {})
         try:
             kind, value = child.receive()
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
-            code = proc.wait()
+            code = child.lost()
             raise WorkerDiedError(f"the worker process ({self.module}) exited with code {code} before it was "
                                   "ready; its output above says why") from exc
         if kind == "raise":
@@ -212,8 +227,7 @@ class WarmWorker:
 def serve(init: Callable[[], dict], handle: Callable[[Any], Any]) -> None:
     """A worker's main loop: init() once (its result is the ready message), then handle() each request."""
     channel_in: IO[bytes] = sys.stdin.buffer
-    channel_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a library's print must not land in the channel
+    channel_out = os.fdopen(int(os.environ.pop(CHANNEL_ENV)), "wb")  # popped: the worker's own children lack it
     # Ctrl-C reaches the whole process group: the watcher stops after the run in progress, then closes the channel.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()

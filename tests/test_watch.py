@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.watch import Batch, route_events, watch_loop
+from flows.watch import Batch, Watcher, route_events, watch_loop
 from query import search
 from runtime.artifacts import prune_run_folders
 from runtime.watch import Pending, Schedule
@@ -105,6 +105,25 @@ def test_thinning_keeps_recent_run_tags_and_the_last_tag_of_each_older_hour():
     tags = {f"run-{v}": {"version": v} for v in stamps} | {"published": {"version": 5}}
     dropped = thinned_tags(tags, versions, recent=t0 + timedelta(minutes=170))
     assert dropped == ["run-1", "run-3"], "the last of 10:00-11:00 and of 11:00-12:00 stay; recent ones all stay"
+
+
+def test_live_maintenance_falls_due_by_micro_batches_or_a_quiet_spell_waits_for_a_gap_and_not_for_ever(
+        corpus, write_config):
+    config = write_config(corpus)
+    watcher = Watcher(str(config), load_config(config), threading.Event())
+    now = 1000.0
+    watcher.last_maintenance = watcher.last_batch = now - 1
+    assert not watcher.maintenance_due(now), "no micro-batch since the last maintenance: nothing to do"
+    watcher.since_maintenance = 1
+    assert not watcher.maintenance_due(now), "one micro-batch a second ago: not yet"
+    watcher.last_batch = now - 10
+    assert watcher.maintenance_due(now), "quiet for maintain_quiet_s: its rows go into the indexes now"
+    assert not watcher.maintenance_due(now, waiting=True), "a change waits: it goes first"
+    watcher.last_batch = now - 1
+    watcher.since_maintenance = 20
+    assert watcher.maintenance_due(now) and not watcher.maintenance_due(now, waiting=True)
+    watcher.since_maintenance = 40
+    assert watcher.maintenance_due(now, waiting=True), "a stream with no gap still gets it at twice the batches"
 
 
 def test_live_compaction_merges_new_fragments_in_tiers_and_leaves_large_old_ones_alone():
