@@ -188,6 +188,8 @@ class Watcher:
         if due:
             self._ingest(due, first if first is not None else now, scoped)
             self.last_batch = time.monotonic()
+        elif self.worker is not None:
+            self.worker.hand_over()  # a spare warmed during the last micro-batches takes over now, not at the next
         if (due or MAINTAIN in periodic) and self.maintenance_due(time.monotonic(), self.pending.waiting()):
             self._maintain()
             self.last_maintenance = time.monotonic()

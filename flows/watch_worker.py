@@ -1,14 +1,12 @@
 """The watcher's worker process: models, tokenizer, great-expectations and LanceDB kept warm; runs on request.
 
-`inlet watch` (flows/watch.py) starts it as `python -m flows.watch_worker <config>` through runtime/worker.py
-and sends it one request at a time: ("ingest", sources, paths) runs a micro-batch, ("maintain",) live
+`inlet watch` (flows/watch.py) starts it through runtime/worker.py (worker_main) and sends it one request at a time: ("ingest", sources, paths) runs a micro-batch, ("maintain",) live
 maintenance; each is a flow run of its own in the Prefect UI.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +35,8 @@ def warm_up(cfg: InletConfig) -> dict[str, float]:
         fn()
         seconds[name] = round(time.perf_counter() - begin, 3)
 
+    # Without an API URL, the first client starts Prefect's temporary server: here, not in the first micro-batch.
+    timed("prefect", lambda: _healthy())
     timed("tokenizer", tokenizer.warm)
     for _, vcfg in cfg.all_variants():
         embedding, _ = resolve_embedding(vcfg.embedding)
@@ -48,6 +48,16 @@ def warm_up(cfg: InletConfig) -> dict[str, float]:
     if cfg.quality.enabled:
         timed("great-expectations", gx.context)
     return seconds
+
+
+def _healthy() -> None:
+    """Reach the Prefect API once (starting the temporary server where no API URL is set)."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        failed = client.api_healthcheck()
+    if failed is not None:
+        raise failed
 
 
 def run_micro_batch(config_path: str, sources: list[str] | None, paths: list[str] | None = None) -> dict:
@@ -76,8 +86,9 @@ def handle(config_path: str, request: tuple) -> Any:
     raise ValueError(f"unknown watcher request {request[0]!r}")
 
 
-def main(config_path: str) -> None:
-    """Warm up for this config, then serve the watcher's requests until it closes the channel."""
+def worker_main(args: list[str]) -> None:
+    """Warm up for this config (args: [config path]), then serve the watcher's requests until it closes the channel."""
+    config_path = args[0]
     with contextlib.ExitStack() as stack:
 
         def init() -> dict:
@@ -90,6 +101,3 @@ def main(config_path: str) -> None:
 
         serve(init, lambda request: handle(config_path, request))
 
-
-if __name__ == "__main__":
-    main(sys.argv[1])

@@ -15,6 +15,7 @@ part of the watcher, and a restarted watcher must find no second writer still ru
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import pickle
@@ -25,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 import psutil
@@ -34,6 +36,8 @@ from schemas.errors import WorkerDiedError
 log = logging.getLogger("inlet.worker")
 GUARD_S = 0.25  # how often a child checks that its parent is alive
 CHANNEL_ENV = "INLET_WORKER_CHANNEL"  # the descriptor a worker writes its answers to
+PARENT_ENV = "INLET_WORKER_PARENT"  # the watcher's pid: read before the worker's imports, which take seconds
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -86,7 +90,7 @@ class _Child:
 
 @dataclass
 class WarmWorker:
-    """Run requests in a warm child process (`python -m module *args`); replace it once it has grown.
+    """Run requests in a warm child process (module.worker_main(args)); replace it once it has grown.
 
     settle_calls: requests after which the child's memory counts as settled (models loaded, caches full);
     growth_mb: growth past that at which a spare is started; it takes over at the next request once warm.
@@ -99,8 +103,10 @@ class WarmWorker:
     settle_calls: int = 40
     on_replaced: Callable[[dict], None] = lambda info: None
     current: _Child | None = None
-    replaced: int = 0
-    _spare: _Child | None = None
+    replaced: int = 0  # workers handed over to a spare
+    spares_started: int = 0
+    _spare: _Child | None = None  # warm, waiting to take over
+    _warming: subprocess.Popen | None = None  # a spare's process while it warms up
     _spare_error: BaseException | None = None
     _spare_thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -115,19 +121,17 @@ class WarmWorker:
         """The running worker's process id."""
         return self.current.proc.pid if self.current is not None else None
 
-    def tree_rss_mb(self) -> float:
-        """Resident memory of the worker and of a spare being warmed, in MB."""
-        children = [c for c in (self.current, self._spare) if c is not None]
-        return sum(c.rss_mb() for c in children)
-
     def call(self, request: Any) -> Any:
         """Run one request in the worker; re-raise its exception; WorkerDiedError if the process died doing it."""
-        self._take_spare()
+        self.hand_over()
+        if self.current is None and self._spare_thread is not None:
+            self._spare_thread.join()  # the worker died while a spare warmed: that spare takes its place
+            self.hand_over()
         child = self.current if self.current is not None else self._first()
         try:
             child.send(request)
             kind, value = child.receive()
-        except (EOFError, OSError, pickle.UnpicklingError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever broke the channel, it cannot be trusted again
             code = child.lost()
             self.current = None
             raise WorkerDiedError(f"the worker process {child.proc.pid} died (exit code {code}) during {request[0]!r}; "
@@ -138,10 +142,44 @@ class WarmWorker:
             raise value
         return value
 
+    def hand_over(self) -> None:
+        """Between requests: hand over to a spare that is warm (the old worker exits in the background)."""
+        with self._lock:
+            spare, error = self._spare, self._spare_error
+            if spare is None and error is None:
+                return
+            self._spare = self._spare_error = None
+        assert self._spare_thread is not None
+        self._spare_thread.join()
+        self._spare_thread = None
+        if spare is not None and spare.proc.poll() is not None:
+            error = WorkerDiedError(f"it exited (code {spare.lost()}) before taking over")
+            spare = None
+        if spare is None:
+            log.warning("a spare worker failed (%s: %s); the current one goes on", type(error).__name__, error)
+            if self.current is not None:
+                self.current.settled_mb = self.current.rss_mb()  # try again after as much growth again
+            return
+        old, self.current = self.current, spare
+        if old is None:  # the worker had died meanwhile: the spare simply takes its place
+            return
+        self.replaced += 1
+        info = {"replaced": self.replaced, "calls": old.calls, "settled_mb": round(old.settled_mb or 0.0, 1),
+                "rss_mb": round(old.rss_mb(), 1), "pid": spare.proc.pid}
+        # Stopped in the background: the request that is waiting does not wait for an interpreter to shut down.
+        threading.Thread(target=old.stop, name="inlet-worker-stop", daemon=True).start()
+        log.info("worker replaced by a warm spare: %s", info)
+        self.on_replaced(info)
+
     def close(self) -> None:
-        """Stop the worker and any spare."""
+        """Stop the worker, and any spare (one still warming up is killed: nothing of it is needed)."""
+        with self._lock:
+            warming = self._warming
+        if warming is not None:
+            warming.kill()
         if self._spare_thread is not None:
             self._spare_thread.join()
+            self._spare_thread = None
         for child in (self.current, self._spare):
             if child is not None:
                 child.stop()
@@ -159,61 +197,44 @@ class WarmWorker:
         if child.settled_mb is None:
             child.settled_mb = rss
         elif rss > child.settled_mb + self.growth_mb and self._spare_thread is None:
+            self.spares_started += 1
             self._spare_thread = threading.Thread(target=self._warm_spare, name="inlet-worker-spare", daemon=True)
             self._spare_thread.start()
 
     def _warm_spare(self) -> None:
+        def warming(proc: subprocess.Popen | None) -> None:
+            with self._lock:
+                self._warming = proc
+
         try:
-            spare = self._spawn()
+            spare = self._spawn(warming)
         except BaseException as exc:  # noqa: BLE001 - reported at the next request; the current worker goes on
             with self._lock:
-                self._spare_error = exc
+                self._spare_error, self._warming = exc, None
             return
         with self._lock:
-            self._spare = spare
+            self._spare, self._warming = spare, None
 
-    def _take_spare(self) -> None:
-        """Between requests: hand over to a warm spare, or report one that failed to start."""
-        with self._lock:
-            spare, error = self._spare, self._spare_error
-            if spare is None and error is None:
-                return
-            self._spare = self._spare_error = None
-        assert self._spare_thread is not None
-        self._spare_thread.join()
-        self._spare_thread = None
-        if error is not None:
-            log.warning("a spare worker failed to start (%s: %s); the current one goes on", type(error).__name__,
-                        error)
-            if self.current is not None:
-                self.current.settled_mb = self.current.rss_mb()  # try again after as much growth again
-            return
-        old, self.current = self.current, spare
-        self.replaced += 1
-        info = {"replaced": self.replaced, "calls": old.calls if old else 0,
-                "settled_mb": round(old.settled_mb or 0, 1) if old else None,
-                "rss_mb": round(old.rss_mb(), 1) if old else None, "pid": spare.proc.pid}
-        if old is not None:
-            old.stop()
-        log.info("worker replaced by a warm spare: %s", info)
-        self.on_replaced(info)
-
-    def _spawn(self) -> _Child:
-        """Start `python -m module *args` and wait for its ready message (or its exception)."""
+    def _spawn(self, started: Callable[[subprocess.Popen], None] = lambda proc: None) -> _Child:
+        """Start the worker process and wait for its ready message (or its exception)."""
         read, write = os.pipe()
+        # -P and PYTHONPATH: this code's own folder is what the worker imports, whatever the current folder holds.
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, **self.env, CHANNEL_ENV: str(write), PARENT_ENV: str(os.getpid()), "PYTHONPATH": path}
         try:
-            proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args],
-                                    env={**os.environ, **self.env, CHANNEL_ENV: str(write)}, pass_fds=(write,),
-                                    stdin=subprocess.PIPE, stdout=2)  # fd 2: sys.stderr may have no descriptor (pytest)
+            proc = subprocess.Popen([sys.executable, "-P", "-m", "runtime.worker", self.module, *self.args], env=env,
+                                    pass_fds=(write,), stdin=subprocess.PIPE,
+                                    stdout=2)  # fd 2: sys.stderr may have no descriptor (pytest)
         except BaseException:
             os.close(read)
             raise
         finally:
             os.close(write)  # the child holds it now: its exit is our end of file
+        started(proc)
         child = _Child(proc, os.fdopen(read, "rb"), {})
         try:
             kind, value = child.receive()
-        except (EOFError, OSError, pickle.UnpicklingError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a broken or closed channel: the process is of no use
             code = child.lost()
             raise WorkerDiedError(f"the worker process ({self.module}) exited with code {code} before it was "
                                   "ready; its output above says why") from exc
@@ -228,16 +249,13 @@ def serve(init: Callable[[], dict], handle: Callable[[Any], Any]) -> None:
     """A worker's main loop: init() once (its result is the ready message), then handle() each request."""
     channel_in: IO[bytes] = sys.stdin.buffer
     channel_out = os.fdopen(int(os.environ.pop(CHANNEL_ENV)), "wb")  # popped: the worker's own children lack it
-    # Ctrl-C reaches the whole process group: the watcher stops after the run in progress, then closes the channel.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
-    threading.Thread(target=_die_with, args=(parent,), name="inlet-worker-guard", daemon=True).start()
 
     def send(kind: str, value: Any) -> None:
         try:
             data = pickle.dumps((kind, value), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001 - an exception that cannot be pickled still reaches the parent
-            data = pickle.dumps(("raise", RuntimeError(f"{type(value).__name__}: {value} (unpicklable: {exc})")))
+            pickle.loads(data)  # some exceptions pickle but do not unpickle (httpx's HTTPStatusError)
+        except Exception as exc:  # noqa: BLE001 - such an exception still reaches the parent, as text
+            data = pickle.dumps(("raise", RuntimeError(f"{type(value).__name__}: {value} (not picklable: {exc})")))
         channel_out.write(data)
         channel_out.flush()
 
@@ -264,3 +282,12 @@ def _die_with(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(GUARD_S)
     os._exit(70)
+
+
+if __name__ == "__main__":  # python -P -m runtime.worker <module> <args>: what WarmWorker starts
+    # Before the worker's own imports (seconds): Ctrl-C reaches the whole process group, and the watcher stops
+    # the worker itself after the run in progress; a watcher killed meanwhile must still take its worker along.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_die_with, args=(int(os.environ[PARENT_ENV]),), name="inlet-worker-guard",
+                     daemon=True).start()
+    importlib.import_module(sys.argv[1]).worker_main(sys.argv[2:])

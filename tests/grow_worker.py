@@ -1,10 +1,10 @@
-"""A worker for tests/test_worker.py: holds memory, raises or dies on request."""
+"""A worker for tests/test_worker.py: holds memory, sleeps, raises or dies on request."""
 
 from __future__ import annotations
 
 import os
 import signal
-import sys
+import time
 
 print("printed while the worker is imported: not an answer")  # noqa: T201 - the channel must not see it
 
@@ -13,18 +13,30 @@ from runtime.worker import serve  # noqa: E402 - after the print, on purpose
 HELD: list[bytearray] = []
 
 
+class TwoPartError(Exception):
+    """An exception that pickles but does not unpickle (its __init__ wants two arguments), as httpx's do."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what}: {why}")
+
+
 def handle(request: tuple) -> object:
-    """("grow", mb) holds mb more; ("raise", text) raises; ("die",) kills this process; ("pid",) its pid."""
+    """("grow", mb) holds mb more; ("raise", text) and ("raise-two",) raise; ("sleep", s); ("die",); ("pid",)."""
     if request[0] == "grow":
         HELD.append(bytearray(os.urandom(16)) * (request[1] << 16))  # touched pages: resident, not just reserved
         return len(HELD)
     if request[0] == "raise":
         raise ValueError(request[1])
+    if request[0] == "raise-two":
+        raise TwoPartError("status 503", "the API is down")
+    if request[0] == "sleep":
+        time.sleep(request[1])
     if request[0] == "die":
         os.kill(os.getpid(), signal.SIGKILL)
     print("a print must not reach the channel")
     return os.getpid()
 
 
-if __name__ == "__main__":
-    serve(lambda: {"argv": sys.argv[1:], "pid": os.getpid()}, handle)
+def worker_main(args: list[str]) -> None:
+    """Serve requests; ready says the arguments and the pid."""
+    serve(lambda: {"argv": args, "pid": os.getpid()}, handle)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from runtime.worker import WarmWorker
 from schemas.errors import WorkerDiedError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -23,6 +29,27 @@ def test_a_worker_answers_requests_in_its_own_process_and_its_exceptions_reach_t
     with pytest.raises(ValueError, match="bad request"):
         worker.call(("raise", "bad request"))
     assert worker.call(("pid",)) == worker.pid(), "an exception leaves the worker serving"
+    with pytest.raises(RuntimeError, match="TwoPartError: status 503: the API is down"):
+        worker.call(("raise-two",))  # pickles, but would not unpickle here: it comes as text
+    assert worker.call(("pid",)) == worker.pid(), "and the channel still works"
+
+
+def test_a_killed_parent_takes_its_busy_worker_along_and_the_workers_prints_never_reach_the_parents_stdout():
+    parent = ("from runtime.worker import WarmWorker\n"
+              "w = WarmWorker('tests.grow_worker', [])\n"
+              "w.start()\n"
+              "print(w.pid(), flush=True)\n"
+              "w.call(('sleep', 120))\n")
+    proc = subprocess.Popen([sys.executable, "-c", parent], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    worker = psutil.Process(int(proc.stdout.readline()))
+    time.sleep(1.0)  # the worker is inside its two-minute request
+    proc.kill()
+    proc.wait()
+    gone, alive = psutil.wait_procs([worker], timeout=10)
+    assert alive == [], "it noticed its parent was gone, mid-request (stdin says nothing until it asks), and exited"
+    out, err = proc.communicate(10)  # the worker held the parent's stderr until it exited
+    assert out == "" and "printed while the worker is imported" in err
 
 
 def test_a_worker_that_dies_mid_request_is_reported_and_a_new_one_serves_the_next(worker):
@@ -40,7 +67,7 @@ def test_a_worker_grown_past_its_settled_size_hands_over_to_a_warm_spare_between
     first = worker.pid()
     worker.call(("grow", 1))
     worker.call(("grow", 1))  # settled after two requests
-    assert worker.call(("grow", 8)) and worker.replaced == 0, "within the allowed growth: no spare"
+    assert worker.call(("grow", 8)) and worker.spares_started == 0, "within the allowed growth: no spare"
     worker.call(("grow", 48))  # past it: a spare starts warming
     deadline = time.monotonic() + 60
     while worker.replaced == 0 and time.monotonic() < deadline:
