@@ -13,7 +13,7 @@ a random document readers are served (indexed, not expired), new files, deletes 
 process polls query.search (full-text, k=5) until each change is searchable, or each deleted file gone.
 Latencies are from the writer's write to the reader's first search that shows it. Reported: p50 / p95 / max
 per kind, the backlog (changes written, not yet seen) and the p95 per minute, the watcher's RSS over time
-and its CPU share when idle afterwards, the chunks table's versions and fragments, and query p50 at the start
+and its CPU share when idle afterwards, the chunks table's versions and fragments, and query p50 at the start (a copy taken then)
 and the end. --pdfs N then replaces one PDF N times with other PDFs of ../shared/corpora/pdf. --reader api
 polls POST /search of an `inlet api` process instead of query.search.
 """
@@ -324,28 +324,47 @@ QUERY_WORDS = ["collector", "exporter", "sampling", "metrics", "tracing", "conte
                "semantic conventions", "resource attributes", "batch processor"]
 
 
-def _query_p50_here(config: Path, rounds: int = 3) -> float:
-    """Median wall time of a default-mode search (k=5), in ms: 40 queries once to warm up, then rounds x 120."""
+def _query_p50_here(configs: list[Path], rounds: int = 6) -> list[float]:
+    """Median wall time of a default-mode search (k=5) per store, in ms: each warmed with 40 queries, then
+    rounds x 80 queries per store, the stores taking turns round by round."""
     from query import search
 
     queries = [w + s for w in QUERY_WORDS for s in ("", " setup", " example", " config")]
-    for q in queries:
-        search(q, k=5, config=config)
-    times = []
-    for _ in range(rounds):
-        for q in queries * 3:
-            begin = time.perf_counter()
+    for config in configs:
+        for q in queries:
             search(q, k=5, config=config)
-            times.append((time.perf_counter() - begin) * 1000)
-    return round(statistics.median(times), 2)
+    times: list[list[float]] = [[] for _ in configs]
+    for _ in range(rounds):
+        for config, kept in zip(configs, times, strict=True):
+            for q in queries * 2:
+                begin = time.perf_counter()
+                search(q, k=5, config=config)
+                kept.append((time.perf_counter() - begin) * 1000)
+    return [round(statistics.median(t), 2) for t in times]
 
 
-def query_p50(config: Path) -> float:
-    """_query_p50_here in a fresh process, so that the start and the end are measured alike."""
+def query_p50(*configs: Path) -> list[float]:
+    """_query_p50_here in a fresh process. Stores are compared in one process, taking turns: from one process
+    to the next the same store's p50 varied 26-46 ms on this machine, within one the two of a pair agreed."""
     code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path; " \
-           f"from bench.freshness import _query_p50_here; print(_query_p50_here(Path({str(config)!r})))"
+           f"from bench.freshness import _query_p50_here; " \
+           f"print(*_query_p50_here([Path(p) for p in {[str(c) for c in configs]!r}]))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    return [float(x) for x in out.stdout.strip().splitlines()[-1].split()]
+
+
+def snapshot(config: Path, to: Path) -> Path:
+    """A copy of the store as it is now, with a config that reads it: the start the end is compared with."""
+    from schemas.config import load_config
+
+    cfg = load_config(config)
+    shutil.rmtree(to, ignore_errors=True)
+    shutil.copytree(cfg.store.uri, to / "lancedb")
+    text = config.read_text(encoding="utf-8").replace(str(Path(cfg.store.uri).relative_to(config.parent)),
+                                                      str(to / "lancedb"))
+    (to / "corpus").mkdir()
+    (to / "inlet.yaml").write_text(text.replace("path: corpus", f"path: {to / 'corpus'}"), encoding="utf-8")
+    return to / "inlet.yaml"
 
 
 def table_shape(config: Path) -> dict[str, int]:
@@ -508,7 +527,9 @@ def main() -> None:
                         "files": json.loads((work / ".built").read_text())["files"], "warm_up": ready["warmed"],
                         "first_reconcile_s": first["seconds"]}
         if args.soak:
-            result["start"] = {**table_shape(config), "query_p50_ms": query_p50(config)}
+            watcher.settle(15)  # the start's own maintenance done: the snapshot is of a store at rest
+            result["start"] = table_shape(config)
+            start_copy = snapshot(config, work.parent / f"{work.name}-start")
         result["load"] = load(config, watcher, reader, args.rate, args.seconds, args.seed)
         batches = [b for b in watcher.batches if b["kind"] == "ingest" and b["error"] is None]
         result["micro_batches"] = len(batches)
@@ -525,7 +546,9 @@ def main() -> None:
         if args.pdfs:
             result["pdf"] = replaced_pdfs(config, reader, args.pdfs, args.seed)
         if args.soak:
-            result["end"] = {**table_shape(config), "query_p50_ms": query_p50(config)}
+            result["end"] = table_shape(config)
+            before, after = query_p50(start_copy, config)
+            result["query_p50_ms"] = {"start": before, "end": after, "ratio": round(after / before, 3)}
     finally:  # whatever failed, nothing of this round is left running
         for proc in (watcher, reader):
             if proc is not None:
