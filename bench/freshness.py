@@ -224,7 +224,7 @@ class Reader:
         for i in range(0, len(tokens), GROUP):
             group = tokens[i:i + GROUP]
             texts = self.texts(" ".join(group), max(10, 3 * len(group)))
-            found |= {t for t in group if any(t in text for text in texts)}
+            found |= {t for t in group if any(t.lower() in text.lower() for text in texts)}  # full-text search ignores case
         return found
 
     def close(self) -> None:
