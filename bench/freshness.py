@@ -15,7 +15,8 @@ Latencies are from the writer's write to the reader's first search that shows it
 per kind, the backlog (changes written, not yet seen) and the p95 per minute, the watcher's RSS over time
 and its CPU share when idle afterwards, the chunks table's versions and fragments, and query p50 at the start (a copy taken then)
 and the end. --pdfs N then replaces one PDF N times with other PDFs of ../shared/corpora/pdf. --reader api
-polls POST /search of an `inlet api` process instead of query.search.
+polls POST /search of an `inlet api` process instead of query.search; --reader mcp calls the search tool of an
+`inlet mcp` process over stdio, through one session of the MCP SDK's client.
 """
 
 from __future__ import annotations
@@ -76,12 +77,18 @@ def start_prefect(home: Path) -> tuple[dict[str, str], subprocess.Popen]:
 
 
 def build_store(work: Path, embedder: str, files: int | None, env: dict[str, str]) -> Path:
-    """Copy the corpus (or its first files) and index it once with the shipped config; reused when present."""
+    """Copy the corpus (or its first files) and index it once with the shipped config; reused when present.
+
+    A build stopped part-way (a cold e5 index of the whole corpus takes hours) resumes where it stopped: the copy
+    is kept once its config is written, and the ingest run pays no model call twice (the store's model cache).
+    """
     corpus, config = work / "corpus", work / "inlet.yaml"
     if not (work / ".built").exists():
-        shutil.rmtree(work, ignore_errors=True)
+        copied = config.exists()  # written after the last file was copied
+        if not copied:
+            shutil.rmtree(work, ignore_errors=True)
         names = sorted(p for p in (SHARED / "markdown").rglob("*.md"))[:files]
-        for path in names:
+        for path in names if not copied else []:
             target = corpus / path.relative_to(SHARED / "markdown")
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
@@ -95,7 +102,8 @@ def build_store(work: Path, embedder: str, files: int | None, env: dict[str, str
         begin = time.perf_counter()
         subprocess.run([sys.executable, "-m", "inlet.cli", "ingest", "--quiet", "--config", str(config)], env=env,
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        (work / ".built").write_text(json.dumps({"files": len(names), "seconds": time.perf_counter() - begin}))
+        (work / ".built").write_text(json.dumps({"files": len(names), "seconds": time.perf_counter() - begin,
+                                                 "resumed": copied}))  # resumed: seconds of the last part only
     return config
 
 
@@ -186,7 +194,7 @@ GROUP = 15  # tokens per search: k = 3 x GROUP stays within serving.max_k (50)
 
 
 class Reader:
-    """What the reader polls: query.search in this process, or POST /search of `inlet api` (--reader api)."""
+    """What the reader polls: query.search in this process, POST /search of `inlet api`, or `inlet mcp`'s search."""
 
     def __init__(self, config: Path, kind: str, env: dict[str, str], log: Path) -> None:
         self.config, self.kind, self.proc = config, kind, None
@@ -208,8 +216,42 @@ class Reader:
                         raise RuntimeError("inlet api did not start: " + log.read_text()[-2000:]) from None
                     time.sleep(0.2)
 
+        elif kind == "mcp":
+            self._start_mcp(env)
+
+    def _start_mcp(self, env: dict[str, str]) -> None:
+        """`inlet mcp` over stdio, one session held open by the MCP SDK's client on an event loop of its own."""
+        import asyncio
+
+        from mcp import Client
+        from mcp.client.stdio import StdioServerParameters
+
+        params = StdioServerParameters(command=sys.executable, args=["-m", "inlet.cli", "mcp", "--config",
+                                                                     str(self.config)], env=env, cwd=str(ROOT))
+        self.loop = asyncio.new_event_loop()
+        ready, self.stop = threading.Event(), None
+
+        async def hold() -> None:
+            async with Client(params) as client:
+                self.client, self.stop = client, asyncio.Event()
+                ready.set()
+                await self.stop.wait()
+
+        self.session = threading.Thread(target=self.loop.run_until_complete, args=(hold(),), daemon=True)
+        self.session.start()
+        if not ready.wait(120):
+            raise RuntimeError("inlet mcp did not start")
+
     def texts(self, query: str, k: int) -> list[str]:
         """The texts of a full-text search's hits in the published version."""
+        if self.kind == "mcp":
+            import asyncio
+
+            call = self.client.call_tool("search", {"query": query, "k": k, "mode": "fulltext"})
+            result = asyncio.run_coroutine_threadsafe(call, self.loop).result(60)
+            if result.is_error:
+                raise RuntimeError(f"inlet mcp: {result.content}")
+            return [hit["text"] for hit in result.structured_content["hits"]]
         if self.kind == "api":
             answer = self.http.post(f"{self.url}/search", json={"query": query, "k": k, "mode": "fulltext"})
             answer.raise_for_status()
@@ -228,6 +270,9 @@ class Reader:
         return found
 
     def close(self) -> None:
+        if self.kind == "mcp":
+            self.loop.call_soon_threadsafe(self.stop.set)
+            self.session.join(60)
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait(60)
@@ -504,8 +549,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/inlet-bench-freshness"))
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--soak", action="store_true", help="also report table shape and query p50 at start/end")
-    parser.add_argument("--reader", default="query", choices=["query", "api"],
-                        help="poll query.search in this process, or POST /search of an `inlet api` process")
+    parser.add_argument("--reader", default="query", choices=["query", "api", "mcp"],
+                        help="poll query.search in this process, POST /search of `inlet api`, or the search tool "
+                        "of `inlet mcp`")
     args = parser.parse_args()
     if not (SHARED / "markdown").is_dir():
         sys.exit("../shared/corpora/markdown is not present")

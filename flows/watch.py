@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -317,11 +317,17 @@ def watch_loop(config_path: str | Path = DEFAULT_CONFIG, *, events: bool | None 
             watcher.step(schedule)
 
 
+def worker_env(configured: dict[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """What watch.worker_env adds to the worker's environment: what the watcher's own environment leaves unset."""
+    return {name: value for name, value in configured.items() if name not in environ}
+
+
 def start_worker(cfg: InletConfig, config_path: str, on_replaced: Callable[[dict], None]) -> WarmWorker:
     """The worker that runs this watcher's flows, with this process's Prefect settings (API URL and all)."""
     # As Prefect's own runner hands settings to the processes it starts: a test's or profile's in-process
     # settings reach the worker too, not only what the environment says.
-    env = get_current_settings().to_environment_variables(exclude_unset=True)
+    env = {**worker_env(cfg.watch.worker_env, os.environ),
+           **get_current_settings().to_environment_variables(exclude_unset=True)}
     return WarmWorker("flows.watch_worker", [config_path], env=env, growth_mb=cfg.watch.worker_growth_mb,
                       settle_calls=cfg.watch.worker_settle_runs,
                       on_replaced=on_replaced)

@@ -228,6 +228,9 @@ class ChunkingConfig(_Strict):
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "configs" / "prompts"
 DEFAULT_CONFIG = PROMPTS_DIR.parent / "inlet.yaml"  # the embedded defaults every entry point starts from
+# glibc's and Arrow's documented switches: fewer per-thread malloc arenas keeping freed memory, and Arrow on the
+# system allocator so that what it frees can go back (docs/operations.md, "Memory").
+LEAN_MEMORY_ENV = {"MALLOC_ARENA_MAX": "2", "ARROW_DEFAULT_MEMORY_POOL": "system"}
 
 
 class BatchModeConfig(_Strict):
@@ -519,6 +522,11 @@ class WatchConfig(_Strict):
                                     "(libraries' allocators keep what thousands of runs freed).")
     worker_settle_runs: int = Field(100, ge=1, description="Runs after which a worker's memory counts as settled "
                                     "(models loaded, caches filled): its growth is measured from there.")
+    worker_env: dict[str, str] = Field(
+        default_factory=lambda: dict(LEAN_MEMORY_ENV),
+        description="Environment variables the worker is started with, where the watcher's own environment "
+                    "does not set them: by default glibc's and Arrow's documented switches that let freed memory "
+                    "go back (as prefect.yaml's deployments set them); {} starts it with the environment alone.")
 
 
 class StoreConfig(_Strict):

@@ -14,13 +14,14 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 
 from flows.watch import Batch, Watcher, route_events, watch_loop
 from query import search
 from runtime.artifacts import prune_run_folders
 from runtime.watch import Pending, Schedule
-from schemas.config import load_config
+from schemas.config import LEAN_MEMORY_ENV, load_config
 from schemas.errors import ConfigError, StoreBusyError
 from store.maintenance import LIVE_FLOOR_ROWS, LIVE_MAX_FRAGMENTS, LIVE_MAX_ROWS, live_exclusions, thinned_tags
 from tests.test_real_server import BATCH_STAGES, _read_settled, _stage_counts, server  # noqa: F401 - a fixture
@@ -224,11 +225,15 @@ class Running:
         self.batches: list[Batch] = []
         self.ready = threading.Event()
         self.error: BaseException | None = None
+        self.info: dict = {}
+
+        def started(info: dict) -> None:
+            self.info = info
+            self.ready.set()
 
         def run() -> None:
             try:
-                watch_loop(config, stop=self.stop, on_batch=self.batches.append,
-                           on_ready=lambda _: self.ready.set(), **options)
+                watch_loop(config, stop=self.stop, on_batch=self.batches.append, on_ready=started, **options)
             except BaseException as exc:  # noqa: BLE001 - handed to the test thread
                 self.error = exc
                 self.ready.set()
@@ -296,6 +301,17 @@ def test_with_events_off_the_reconciliation_crawl_alone_converges(prefect_harnes
     _wait(lambda: _found(config, WORD), why="reconciliation to find the new file")
     _wait(lambda: sum(r.get("docs_deleted", 0) for r in w.ingested()) == 1, why="reconciliation to find the delete")
     assert {tuple(r["why"]) for r in w.ingested()} == {("reconcile",)}
+
+
+def test_the_worker_starts_with_the_lean_memory_switches_unless_the_environment_sets_them(
+        prefect_harness, corpus, write_config, watching, monkeypatch):
+    assert load_config(write_config(corpus)).watch.worker_env == LEAN_MEMORY_ENV, "on by default"
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.setenv("INLET_TEST_SWITCH", "the user's")
+    config = write_config(corpus, watch={"worker_env": {"MALLOC_ARENA_MAX": "2", "INLET_TEST_SWITCH": "config's"}})
+    w = watching(config, events=False)
+    env = psutil.Process(w.info["worker_pid"]).environ()
+    assert env["MALLOC_ARENA_MAX"] == "2" and env["INLET_TEST_SWITCH"] == "the user's"
 
 
 def test_a_second_watcher_on_the_same_store_is_refused_at_once(prefect_harness, corpus, write_config, watching):
