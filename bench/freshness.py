@@ -4,6 +4,7 @@
     .venv/bin/python bench/freshness.py --embedder hashing --rate 10 --seconds 300
     .venv/bin/python bench/freshness.py --embedder e5 --rate 1 --seconds 300 --files 100 --pdfs 6
     .venv/bin/python bench/freshness.py --embedder hashing --rate 1 --seconds 3600 --soak
+    .venv/bin/python bench/freshness.py --embedder hashing --rate 0.05 --seconds 300 --emit-only
 
 A copy of ../shared/corpora/markdown (or its first --files files) is indexed once with the shipped config
 (configs/inlet.yaml; --embedder hashing swaps only the embedder), kept under the work folder so that later
@@ -16,7 +17,9 @@ per kind, the backlog (changes written, not yet seen) and the p95 per minute, th
 and its CPU share when idle afterwards, the chunks table's versions and fragments, and query p50 at the start (a copy taken then)
 and the end. --pdfs N then replaces one PDF N times with other PDFs of ../shared/corpora/pdf. --reader api
 polls POST /search of an `inlet api` process instead of query.search; --reader mcp calls the search tool of an
-`inlet mcp` process over stdio, through one session of the MCP SDK's client.
+`inlet mcp` process over stdio, through one session of the MCP SDK's client. --emit-only measures the
+other way: `inlet watch --emit-only` emits an event per settled change, and prefect.yaml's ingest deployment,
+served here as `inlet serve` serves it, is run by its trigger in a process of its own.
 """
 
 from __future__ import annotations
@@ -193,6 +196,60 @@ def writer(folder: str, docs: list[str], rate: float, seconds: float, out: mp.Qu
 GROUP = 15  # tokens per search: k = 3 x GROUP stays within serving.max_k (50)
 
 
+def serve_ingest(config: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """prefect.yaml's ingest deployment (its trigger, schedule and limit) served as `inlet serve` serves it, with
+    this store's config as its parameter: what `inlet watch --emit-only`'s events run."""
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text(encoding="utf-8"))
+    for deployment in spec["deployments"]:
+        deployment.setdefault("parameters", {})["config_path"] = str(config)
+        deployment["schedules"] = []  # only the trigger's runs: an hourly run's Scheduled state would never drain
+    path = config.parent / "prefect-bench.yaml"
+    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path; from prefect import serve; " \
+           f"from flows.serve import runner_deployments; serve(*runner_deployments(Path({str(path)!r}), ['ingest']))"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    from prefect import get_client
+
+    deadline = time.monotonic() + 120
+    while True:  # its trigger exists once the deployment does
+        with get_client(sync_client=True) as client:
+            try:
+                client.read_deployment_by_name("ingest/ingest")
+                return proc
+            except Exception:  # noqa: BLE001 - not registered yet
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("serving the ingest deployment failed: " + log.read_text()[-2000:]) from None
+        time.sleep(0.5)
+
+
+def ingest_runs() -> dict[str, int]:
+    """Flow runs of the ingest deployment by state type: a triggered run is Scheduled until the runner takes it."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("ingest/ingest")
+        counts: dict[str, int] = {}
+        for run in client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(
+                any_=[deployment.id]))):
+            if run.state_type is not None:
+                counts[run.state_type.value] = counts.get(run.state_type.value, 0) + 1
+        return counts
+
+
+def drained(limit: float = 900) -> dict[str, int]:
+    """Wait until the ingest deployment has run at least once and no run of it is waiting or running."""
+    deadline = time.monotonic() + limit
+    while True:
+        counts = ingest_runs()
+        if counts.get("COMPLETED") and not any(counts.get(s) for s in ("SCHEDULED", "PENDING", "RUNNING")):
+            return counts
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the ingest deployment's runs did not drain: {counts}")
+        time.sleep(1)
+
+
 class Reader:
     """What the reader polls: query.search in this process, POST /search of `inlet api`, or `inlet mcp`'s search."""
 
@@ -290,10 +347,11 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
 class Watcher:
     """`inlet watch --json` as a process; its lines kept, its RSS and CPU sampled."""
 
-    def __init__(self, config: Path, env: dict[str, str], log: Path) -> None:
+    def __init__(self, config: Path, env: dict[str, str], log: Path, emit_only: bool = False) -> None:
         import psutil
 
-        self.proc = subprocess.Popen([sys.executable, "-m", "inlet.cli", "watch", "--json", "--config", str(config)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "inlet.cli", "watch", "--json", "--config", str(config),
+                                      *(["--emit-only"] if emit_only else [])],
                                      env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
         self.ps = psutil.Process(self.proc.pid)
         self.lines: queue.Queue[dict] = queue.Queue()
@@ -549,6 +607,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/inlet-bench-freshness"))
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--soak", action="store_true", help="also report table shape and query p50 at start/end")
+    parser.add_argument("--emit-only", action="store_true", help="run `inlet watch --emit-only` and serve the "
+                        "ingest deployment, whose trigger runs each emitted change (use a low --rate)")
     parser.add_argument("--reader", default="query", choices=["query", "api", "mcp"],
                         help="poll query.search in this process, POST /search of `inlet api`, or the search tool "
                         "of `inlet mcp`")
@@ -559,15 +619,19 @@ def main() -> None:
 
     work = args.work / f"{args.embedder}-{args.files or 'all'}"
     env, server = start_prefect(args.work / "prefect")
-    watcher = reader = None
+    watcher = reader = served = None
     try:
         config = build_store(work, args.embedder, args.files, env)
         shutil.rmtree(config.parent / "corpus" / "live", ignore_errors=True)  # a previous round's notes
         # What this process reads: the same server, the same offline switches.
         os.environ.update({k: v for k, v in env.items() if k.startswith("PREFECT_")})
-        watcher = Watcher(config, env, work / "watch.log")
+        if args.emit_only:
+            served = serve_ingest(config, env, work / "serve.log")
+        watcher = Watcher(config, env, work / "watch.log", emit_only=args.emit_only)
         ready = watcher.wait_for("ready", 600)
-        first = watcher.wait_for("ingest", 3600)
+        first = watcher.wait_for("emit" if args.emit_only else "ingest", 3600)
+        if args.emit_only:
+            drained()  # the start's reconciliation, run by the deployment's trigger
         reader = Reader(config, args.reader, env, work / "api.log")
         result: dict = {"embedder": args.embedder, "rate": args.rate, "seconds": args.seconds, "reader": args.reader,
                         "files": json.loads((work / ".built").read_text())["files"], "warm_up": ready["warmed"],
@@ -577,6 +641,9 @@ def main() -> None:
             result["start"] = table_shape(config)
             start_copy = snapshot(config, work.parent / f"{work.name}-start")
         result["load"] = load(config, watcher, reader, args.rate, args.seconds, args.seed)
+        if args.emit_only:
+            result["ingest_runs"] = drained()
+            result["emitted"] = sum(1 for b in watcher.batches if b["kind"] == "emit")
         batches = [b for b in watcher.batches if b["kind"] == "ingest" and b["error"] is None]
         result["micro_batches"] = len(batches)
         result["batch_seconds"] = percentiles([b["seconds"] for b in batches])
@@ -599,6 +666,9 @@ def main() -> None:
         for proc in (watcher, reader):
             if proc is not None:
                 proc.stop() if isinstance(proc, Watcher) else proc.close()
+        if served is not None:
+            os.killpg(served.pid, 15)
+            served.wait(60)
         os.killpg(server.pid, 15)
         server.wait(60)
     print(json.dumps(result, indent=2))
