@@ -65,8 +65,12 @@ test-fast: setup
 	$(PY) -m pytest -n 2 -m "not flow and not slow"
 
 # Prefect's own variables, not --port: with --port the UI still calls the default port.
+# Flow runs (with their task runs, states and logs) older than a week are vacuumed, as events already are: live
+# mode makes a flow run per micro-batch (docs/operations.md, "Live mode").
 server: setup
-	PREFECT_SERVER_API_HOST=127.0.0.1 PREFECT_SERVER_API_PORT=$(PREFECT_PORT) $(VENV)/bin/prefect server start
+	PREFECT_SERVER_API_HOST=127.0.0.1 PREFECT_SERVER_API_PORT=$(PREFECT_PORT) \
+	  PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED='["events","flow_runs"]' PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD=P7D \
+	  $(VENV)/bin/prefect server start
 
 deploy: setup
 	PREFECT_API_URL=$(API_URL) $(VENV)/bin/prefect work-pool inspect $(POOL) >/dev/null 2>&1 || \
