@@ -197,8 +197,8 @@ GROUP = 15  # tokens per search: k = 3 x GROUP stays within serving.max_k (50)
 
 
 def serve_ingest(config: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
-    """prefect.yaml's ingest deployment (its trigger, schedule and limit) served as `inlet serve` serves it, with
-    this store's config as its parameter: what `inlet watch --emit-only`'s events run."""
+    """prefect.yaml's ingest deployment (its trigger and limit, no schedule) served as `inlet serve` serves it,
+    with this store's config as its parameter: what `inlet watch --emit-only`'s events run."""
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text(encoding="utf-8"))
     for deployment in spec["deployments"]:
         deployment.setdefault("parameters", {})["config_path"] = str(config)
