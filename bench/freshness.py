@@ -561,7 +561,8 @@ def _pdf_words(path: Path) -> set[str]:
 def replaced_pdfs(config: Path, reader: Reader, n: int, seed: int) -> dict:
     """Replace one PDF n times with other PDFs; time each until a word only the new one has is found.
 
-    The word comes from Inlet's own extraction of that PDF, so that "searchable" means what a reader gets.
+    The word comes from Inlet's own extraction of that PDF, so that "searchable" means what a reader gets. It is
+    one no other chosen PDF has and no search of the store finds before the first replacement.
     """
     rng = random.Random(seed)
     pool = [p for p in sorted((SHARED / "pdf").rglob("*.pdf")) if 20_000 < p.stat().st_size < 2_000_000]
@@ -573,8 +574,11 @@ def replaced_pdfs(config: Path, reader: Reader, n: int, seed: int) -> dict:
         found = _pdf_words(p)
         if found:
             words[p] = found
-    tokens = {p: sorted(w - set().union(*(o for q, o in words.items() if q != p))) for p, w in words.items()}
-    chosen = [p for p, t in tokens.items() if t]
+    unique = {p: sorted(w - set().union(*(o for q, o in words.items() if q != p))) for p, w in words.items()}
+    # A word the store already matches is no sign of the new PDF: full-text search stems ("reconfiguring" finds
+    # "reconfigure"), and in a large corpus its ten best hits need not include the PDF's chunk.
+    tokens = {p: [next((t for t in ws if not reader.texts(t, 1)), None)] for p, ws in unique.items()}
+    chosen = [p for p, t in tokens.items() if t[0]]
     target = config.parent / "corpus" / "live" / "replaced.pdf"
     target.parent.mkdir(exist_ok=True)
     latencies, missed = [], []
