@@ -389,15 +389,27 @@ class Watcher:
 
     def rss_mb(self) -> float:
         """Resident memory of the watcher and every process under it."""
+        return self.memory_mb()["rss"]
+
+    def memory_mb(self) -> dict[str, float]:
+        """Resident memory of the watcher's process tree: all of it, and its private (anon) and file-backed parts.
+
+        File-backed pages are mapped code and data (a shared library's pages count once touched), which the
+        kernel can drop and reread; anonymous pages are what the processes allocated. Linux's /proc only.
+        """
         import psutil
 
-        total = 0
+        total = {"rss": 0.0, "anon": 0.0, "file": 0.0}
         for proc in self._tree():
             try:
-                total += proc.memory_info().rss
-            except psutil.Error:  # exited meanwhile (a worker handing over to its spare)
-                pass
-        return total / 2**20
+                total["rss"] += proc.memory_info().rss / 2**20
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+            except (psutil.Error, OSError):  # exited meanwhile (a worker handing over to its spare)
+                continue
+            for line in status.splitlines():
+                if line.startswith(("RssAnon:", "RssFile:")):
+                    total[line[3:7].lower()] += int(line.split()[1]) / 1024
+        return total
 
     def cpu_share(self, seconds: float) -> float:
         """Share of one core the watcher and its processes used over the next seconds."""
@@ -520,7 +532,8 @@ def load(config: Path, watcher: Watcher, reader: Reader, rate: float, seconds: f
         if now - last_sample >= 1:
             last_sample = now
             backlog.append((round(now - begin, 1), len(waiting)))
-            rss.append((round(now - begin, 1), round(watcher.rss_mb(), 1)))
+            memory = watcher.memory_mb()
+            rss.append((round(now - begin, 1), *(round(memory[k], 1) for k in ("rss", "anon", "file"))))
         if not writing and waiting and now - waiting[0][3] > 300:
             raise RuntimeError(f"changes not searchable after 300 s: {waiting[:3]}")
         time.sleep(0.01)
@@ -532,13 +545,25 @@ def load(config: Path, watcher: Watcher, reader: Reader, rate: float, seconds: f
     per_minute = {m: percentiles(v)["p95"] for m, v in sorted(minutes.items())}
     return {"edit": percentiles([x for _, x in done["edit"]]), "create": percentiles([x for _, x in done["create"]]),
             "delete": percentiles([x for _, x in done["delete"]]), "p95_per_minute": per_minute,
-            "backlog_max": max((b for _, b in backlog), default=0), "backlog": backlog[::10], "rss_mb": rss[::30],
-            "rss_growth_mb": round(rss[-1][1] - rss[0][1], 1) if rss else None,
-            # From the first minute on: what the first micro-batches load (Lance's code pages, filled caches) is
-            # a warm-up, not growth; both are reported.
-            "rss_growth_after_1min_mb": round(rss[-1][1] - next(r for t, r in rss if t >= 60), 1)
-            if rss and rss[-1][0] >= 60 else None,
-            "rss_max_mb": max((r for _, r in rss), default=None)}
+            "backlog_max": max((b for _, b in backlog), default=0), "backlog": backlog[::10],
+            "rss_mb": [sample[:2] for sample in rss[::30]], **memory_growth(rss)}
+
+
+def memory_growth(samples: list[tuple[float, float, float, float]]) -> dict[str, float | None]:
+    """RSS growth from (seconds, rss, anon, file) samples: from the first second and from the first minute on.
+
+    Both are reported: what the first micro-batches bring in (code pages of libraries on first use, such as
+    Lance's index folding; caches filling to their bounds) is a warm-up, not growth; the split says which it is.
+    """
+    if not samples:
+        return {"rss_growth_mb": None, "rss_growth_after_1min_mb": None, "rss_max_mb": None}
+    first, last = samples[0], samples[-1]
+    minute = next((s for s in samples if s[0] >= 60), None) if last[0] >= 60 else None
+    return {"rss_growth_mb": round(last[1] - first[1], 1),
+            "anon_growth_mb": round(last[2] - first[2], 1), "file_growth_mb": round(last[3] - first[3], 1),
+            "rss_growth_after_1min_mb": round(last[1] - minute[1], 1) if minute else None,
+            "anon_growth_after_1min_mb": round(last[2] - minute[2], 1) if minute else None,
+            "rss_max_mb": max(s[1] for s in samples)}
 
 
 def _pdf_words(path: Path) -> set[str]:
