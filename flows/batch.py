@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prefect import task
@@ -64,6 +64,7 @@ class IndexWork:
     errors: list[DocumentFailure]  # documents quarantined for an unexpected error (the systemic breaker counts)
     notices: list[str] = field(default_factory=list)  # a plan's: what its estimate had to assume
     pending: list[str] = field(default_factory=list)  # a plan's: the model-cache keys this index would pay for
+    kept: str = ""  # the main index's: the batch's extractions to keep in the store (tasks/kept.py)
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,9 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
         here = batch_dir(run_dir, number)
         documents = [join(batch_dir(p.run_dir, number), "documents.parquet") for p in plans]
         todo = documents[0] if len(plans) == 1 else extraction_todo_stage(documents, here)
-        elements, extracted, notices = clock.run("extract", extract_stage, todo, extraction, here, storage)
+        # Kept extractions are looked up in (and kept by) the main index's store: the variants share its extraction.
+        done = clock.run("extract", extract_stage, todo, extraction, here, storage, store.uri)
+        elements, extracted, notices = done.elements, done.extracted, done.notices
         if own_process:
             # A worker process of the process runner ends without running atexit handlers, and waits for its
             # children first: extraction workers left running would hold it (and the run) for ever.
@@ -157,5 +160,8 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
             earlier = [k for done in results for k in done.pending]
             results.append(_index_batch(plan, number, elements, extracted, len(plans) > 1, clock, dry_run, tables,
                                         earlier))
+        counts = {"docs_extracted": done.read, "docs_from_kept": done.from_kept}
+        results = [replace(work, texts=work.texts | counts, kept=done.kept if i == 0 and not dry_run else "")
+                   for i, work in enumerate(results)]
     failpoint("batch-validated")
     return BatchResult(results, notices, clock.seconds, (began, time.time()))

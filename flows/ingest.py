@@ -185,7 +185,8 @@ def index_run(cfg: InletConfig, run: RunStart, plans: list[IndexPlan], detected:
     if batches:
         prepare_model_cache(cfg, plans, clock)
     writers = [Writer(commit_target(plan, d, run), d.documents, commit_rows=cfg.execution.commit_rows,
-                      batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=d.known)
+                      batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=d.known,
+                      keeps=plan.name is None)
                for plan, d in zip(plans, detected)]
     with cpu_pool_for(cfg.execution, sum(sizes)):  # its workers start while GX is imported
         if batches and cfg.execution.task_runner == "thread" and any(p.cfg.quality.enabled for p in plans):

@@ -19,10 +19,11 @@ class Writer:
     """
 
     def __init__(self, target: CommitTarget, documents_path: str, *, commit_rows: int, batches: int = 0,
-                 fulltext_index: bool = False, known: pa.Table | None = None) -> None:
+                 fulltext_index: bool = False, known: pa.Table | None = None, keeps: bool = False) -> None:
         # known: the documents table read at the run's start, so that no group reads it again (see commit_group).
         self.target, self._documents, self._commit_rows, self._known = target, documents_path, commit_rows, known
         self._batches, self._fulltext = batches, fulltext_index
+        self._keeps = keeps  # the main index's writer keeps the run's extractions in its store (tasks/kept.py)
         self._received = 0
         self._pending: list[IndexWork] = []
         self._committed = False
@@ -67,7 +68,8 @@ class Writer:
     def _commit_group(self, *, last: bool, count: int | None) -> None:
         group, self._pending = (self._pending, []) if count is None else (self._pending[:count], self._pending[count:])
         done = upsert_stage(self.target, self._documents, [b.extracted for b in group], [b.embedded for b in group],
-                            last=last, known=self._known)
+                            last=last, known=self._known,
+                            kept_paths=[b.kept for b in group if b.kept] if self._keeps else None)
         self._committed = True
         for name in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written", "docs_quarantined"):
             setattr(self.result, name, getattr(self.result, name) + getattr(done, name))

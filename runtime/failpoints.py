@@ -22,6 +22,7 @@ POINTS = (
     "embed-cached",        # inside embedding: one call's vectors appended to the model cache
     "batch-embedded",
     "batch-validated",     # a batch finished, not yet handed to the writer
+    "extractions-committed",  # inside a commit group: kept extractions written (tasks/kept.py), nothing else yet
     "chunks-written",      # inside a commit group: chunk rows appended, their documents' older rows not yet deleted
     "chunks-committed",    # chunks written, quarantine and documents rows not yet
     "quarantine-committed",  # quarantine rows written, documents rows not yet

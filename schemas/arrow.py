@@ -134,6 +134,26 @@ def chunk_rows_schema(dim: int) -> pa.Schema:
     ])
 
 
+# The store's kept extractions (tasks/kept.py): one row per document, the elements its bytes gave under one
+# extraction fingerprint. A change of chunking, enrichment or embedder settings re-chunks from them, no file read.
+KEPT_ELEMENT = pa.struct([
+    pa.field("element_index", pa.int32(), nullable=False),
+    pa.field("kind", pa.string(), nullable=False),
+    pa.field("text", pa.large_string(), nullable=False),
+    pa.field("heading_level", pa.int32()),
+    pa.field("page", pa.int32()),
+])
+KEPT_SCHEMA = pa.schema([
+    pa.field("doc_id", pa.string(), nullable=False),
+    pa.field("content_hash", pa.string(), nullable=False),  # sha256 of the bytes the elements came from
+    pa.field("extraction_fp", pa.string(), nullable=False),  # code version, settings and parser library versions
+    pa.field("title", pa.string()),
+    pa.field("metadata", pa.large_string(), nullable=False),  # the document's own metadata, as JSON
+    pa.field("detected", pa.bool_(), nullable=False),  # whether language detection ran on it
+    pa.field("elements", pa.list_(KEPT_ELEMENT), nullable=False),
+    pa.field("kept_at", pa.timestamp("us", tz="UTC"), nullable=False),
+])
+
 # The model cache (store/model_cache.py): one row per answer a model gave, by content key. Vectors are
 # variable-size lists: one table serves every embedder, and the integrity check finds a size that is off.
 EMBED, ENRICH = "embed", "enrich"  # the kinds of answer the model cache keeps
@@ -214,13 +234,15 @@ WORK = (Change.NEW, Change.CHANGED)  # the changes that send a document through 
 RUN_COUNTS = (
     "docs_new", "docs_changed", "docs_unchanged", "docs_deleted", "docs_quarantined", "docs_refreshed",
     "docs_access_raised",  # indexed at a higher access level than their source's, by their own declaration
+    # Of the new and changed documents: read from their bytes, or re-chunked from kept elements (tasks/kept.py).
+    "docs_extracted", "docs_from_kept",
     "chunks_added", "chunks_removed", "chunks_reused", "chunks_written",
     "texts_enriched", "texts_enrich_failed", "texts_embedded", "texts_truncated",
     "texts_enrich_cached", "texts_embed_cached",  # distinct texts the model cache served instead of the model
 )
 # What a plan (`inlet plan`, a dry run) counts, named as the run that follows it reports the same things.
 PLAN_COUNTS = ("docs_new", "docs_changed", "docs_unchanged", "docs_deleted", "docs_held", "docs_refreshed",
-               "docs_quarantined", "chunks", "texts_enriched", "texts_enrich_cached", "texts_embedded",
+               "docs_quarantined", "docs_extracted", "docs_from_kept", "chunks", "texts_enriched", "texts_enrich_cached", "texts_embedded",
                "texts_embed_cached")
 # Model usage of a run; *_usd are estimates from the config's price table, the rest are counts.
 ENRICH_USAGE = ("llm_calls", "llm_retries", "llm_malformed", "llm_failures", "llm_prompt_tokens",

@@ -19,6 +19,7 @@ from runtime.memory import release_memory
 from schemas.arrow import (
     DOCUMENT_ROWS_SCHEMA,
     ENRICHMENT_PENDING,
+    KEPT_SCHEMA,
     PUBLISHED_TAG,
     QUARANTINE_SCHEMA,
     Change,
@@ -31,6 +32,7 @@ from schemas.errors import INVALID, EmbedderMismatchError
 from store import inflight
 from store.tables import (
     DOCUMENTS,
+    EXTRACTIONS,
     IN_BATCH,
     QUARANTINE,
     connect,
@@ -102,6 +104,13 @@ def withdraws(row: dict) -> bool:
     its last good version any longer, so it is withdrawn (older table versions keep it) until it is fixed.
     """
     return row["status"] == "quarantined" and row["reason"] == INVALID and row["stage"] == "extract"
+
+
+def kept_for(kept: pa.Table, ok: list[str]) -> pa.Table:
+    """The kept extractions of the documents a commit group indexed without error: what the group keeps."""
+    if not kept.num_rows or not ok:
+        return KEPT_SCHEMA.empty_table()
+    return kept.filter(pc.is_in(kept["doc_id"], value_set=pa.array(ok, pa.string())))
 
 
 def chunk_rows(embedded: pa.Table, documents: pa.Table, extracted: pa.Table, run_id: str, dim: int) -> pa.Table:
@@ -275,6 +284,22 @@ def upsert_keyed(db: lancedb.DBConnection, name: str, key: str, rows: pa.Table, 
     if delete_ids:
         merge = merge.when_not_matched_by_source_delete(f"{key} IN ({sql_list(delete_ids)})")
     return merge.execute(conform(rows, schema)).version
+
+
+def commit_kept(db: lancedb.DBConnection, rows: pa.Table, new: list[str], deleted: list[str]) -> int | None:
+    """Keep extractions (tasks/kept.py): new documents' appended, others' merged by doc id, deleted ones' dropped.
+
+    An append, not a merge, for documents the store has never indexed (a cold run's every group): a merge joins
+    its rows against the whole table. Such a document can hold an entry only if a killed run kept one for other
+    bytes; both rows then stand side by side, neither used for the wrong bytes, and the next merge or delete of
+    the document takes both.
+    """
+    table = open_table(db, EXTRACTIONS)
+    fresh = pc.is_in(rows["doc_id"], value_set=pa.array(new, pa.string())) if rows.num_rows else None
+    if table is not None and fresh is not None and pc.any(fresh).as_py():
+        table.add(rows.filter(fresh))
+        rows = rows.filter(pc.invert(fresh))
+    return upsert_keyed(db, EXTRACTIONS, "doc_id", rows, KEPT_SCHEMA, deleted)
 
 
 def commit_documents(db: lancedb.DBConnection, rows: pa.Table, deleted: list[str], name: str = DOCUMENTS) -> int | None:
@@ -451,8 +476,8 @@ def _chunk_reader(parts: Iterable[pa.Table], documents: pa.Table, extracted: pa.
 
 def commit_group(db: lancedb.DBConnection, target: CommitTarget, documents: pa.Table, extracted: pa.Table,
                  embedded: pa.Table, *, parts: Callable[[], Iterable[pa.Table]] | None = None,
-                 known: pa.Table | None = None) -> LoadResult:
-    """Commit one group of batches: chunks, then quarantine rows, then their documents' rows (the commit marker).
+                 known: pa.Table | None = None, kept: pa.Table | None = None) -> LoadResult:
+    """Commit one group of batches: kept extractions, chunks, quarantine rows, then documents' rows (the commit marker).
 
     documents holds the rows this group settles: the batches' documents, and in a run's last group the
     deleted and touched ones too. A crash between two commits leaves chunks whose document row still
@@ -462,6 +487,9 @@ def commit_group(db: lancedb.DBConnection, target: CommitTarget, documents: pa.T
     group's documents are still current: each document is in one group, and no other writer runs.
     target.inflight_dir: where the group leaves its marker from before the chunk commit to after the documents
     commit (store/inflight.py), so that a next run redoes these documents even if their files went back to old bytes.
+    kept (the main index's writer): the group's fresh extractions (tasks/kept.py); those of documents indexed
+    without error are kept, in one merge that also drops the entries of deleted documents. First: a kill after
+    it leaves documents whose next run re-chunks them without reading their files.
     """
     known = known_documents(db, target.documents_table) if known is None else known
     documents = with_own_metadata(documents, extracted)
@@ -472,6 +500,9 @@ def commit_group(db: lancedb.DBConnection, target: CommitTarget, documents: pa.T
                  if withdraws(r)]
     scope = ok + deleted + withdrawn  # the documents whose chunks this group replaces
     result = LoadResult()
+    new = _ids(documents, pc.equal(documents["change"], Change.NEW))
+    kept_version = commit_kept(db, kept_for(kept, ok), new, deleted) if kept is not None else None
+    failpoint("extractions-committed")
     marker = inflight.mark(target.inflight_dir, target.run_id, scope) if target.inflight_dir and scope else None
     run_id, dim = target.run_id, target.dim
     if parts is None:  # embedded holds every column
@@ -497,7 +528,8 @@ def commit_group(db: lancedb.DBConnection, target: CommitTarget, documents: pa.T
     if marker is not None:
         inflight.done(marker)
     result.versions = {k: v for k, v in {target.chunks_table: chunks_version, target.documents_table: docs_version,
-                                         target.quarantine_table: q_version}.items() if v is not None}
+                                         target.quarantine_table: q_version, EXTRACTIONS: kept_version}.items()
+                       if v is not None}
     return result
 
 

@@ -16,12 +16,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from filelock import FileLock, Timeout
 
-from schemas.arrow import DOCUMENT_ROWS_SCHEMA, RUNS_SCHEMA, conform
+from schemas.arrow import DOCUMENT_ROWS_SCHEMA, KEPT_SCHEMA, RUNS_SCHEMA, conform
 from schemas.errors import StoreBusyError, StoreError
 
 DOCUMENTS = "documents"
 RUNS = "runs"
 QUARANTINE = "quarantine"
+EXTRACTIONS = "extractions"  # kept extractions (tasks/kept.py): one row per document, shared by the store's indexes
 IN_BATCH = 5000  # keys per IN (...) filter: keeps each SQL predicate small
 # Lance file format for new tables. 2.2 (this LanceDB's default) compresses data blocks, so fetching
 # the ~17 columns of 10 search hits from 1M rows took ~39 ms; 2.1, the format Lance marks stable, takes
@@ -166,6 +167,21 @@ def _lowest_row_per_key(rows: pa.Table, column: str) -> pa.Array:
     order = pc.sort_indices(rows["_rowid"])
     keys, ids = rows[column].take(order), rows["_rowid"].take(order)
     return ids.take(pc.index_in(pc.unique(keys), value_set=keys)).combine_chunks()
+
+
+def kept_extractions(store_uri: str, pairs: Iterable[tuple[str, str]], fingerprint: str) -> pa.Table:
+    """The extractions table's entries for these (doc id, content hash) pairs made under fingerprint (tasks/kept.py)."""
+    pairs = sorted(set(pairs))
+    table = open_table(connect(store_uri), EXTRACTIONS) if pairs else None
+    parts = [KEPT_SCHEMA.empty_table()]
+    for i in range(0, len(pairs) if table is not None else 0, IN_BATCH):
+        ids, hashes = zip(*pairs[i : i + IN_BATCH])
+        # Hashes and fingerprint in the filter too: a changed document's old entry is not read at all.
+        where = (f"doc_id IN ({sql_list(ids)}) AND content_hash IN ({sql_list(set(hashes))}) "
+                 f"AND extraction_fp IN ({sql_list([fingerprint])})")
+        parts.append(conform(table.search().where(where).select(KEPT_SCHEMA.names).limit(None).to_arrow(),
+                             KEPT_SCHEMA))
+    return pa.concat_tables(parts)
 
 
 def ensure_columns(table: lancedb.table.Table, schema: pa.Schema) -> None:

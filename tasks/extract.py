@@ -8,6 +8,7 @@ import re
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,9 +20,10 @@ from runtime.artifacts import read_artifact, write_artifact
 from runtime.cpu import map_parts, split_by_size
 from runtime.extraction import IN_PROCESS_NOTICE, can_start_workers, shared_pool
 from runtime.progress import stage_progress
-from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA, WORK
+from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA, KEPT_SCHEMA, WORK
 from schemas.config import ExtractionConfig
 from schemas.errors import ExtractionError, unexpected
+from tasks.kept import extraction_fingerprint, kept_rows, usable
 from tasks.clean import (
     BOMS,
     clean_html,
@@ -549,35 +551,75 @@ def _extract_inline(docs: list[dict], cfg: ExtractionConfig, storage: dict[str, 
                              storage.get(doc["source"])) for doc in docs]
 
 
+@dataclass(frozen=True)
+class Extraction:
+    """What extracting a documents table gave: elements and outcomes, entries to keep, and where elements came from."""
+
+    elements: pa.Table
+    extracted: pa.Table
+    kept: pa.Table  # KEPT_SCHEMA: the documents read from their bytes this time, ok (tasks/kept.py)
+    read: int  # documents read from their bytes (or refused unread)
+    from_kept: int  # documents whose elements came from the store's kept extractions
+
+
+def from_kept(entry: dict, doc: dict) -> Extracted:
+    """A kept entry as the extraction of doc: detection as extract_bytes would have done it for doc's source."""
+    metadata = dict(entry["metadata"])
+    if doc["language"] is not None:
+        metadata.pop("detected_language", None)
+    elif not entry["detected"] and "language" not in metadata:
+        language = detect_language(entry["elements"])
+        if language:
+            metadata["detected_language"] = language
+    return Extracted(entry["elements"], entry["title"], entry["content_hash"], metadata)
+
+
 def extract_documents(documents: pa.Table, cfg: ExtractionConfig, advance: Callable[[int], None] | None = None,
                       storage: dict[str, dict] | None = None) -> tuple[pa.Table, pa.Table]:
     """Extract every new or changed document; failures become 'quarantined' rows, not exceptions.
 
     storage maps a source name to its fsspec options, for documents on object storage.
     """
+    done = extract_all(documents, cfg, advance=advance, storage=storage)
+    return done.elements, done.extracted
+
+
+def extract_all(documents: pa.Table, cfg: ExtractionConfig, kept: dict[str, dict] | None = None, *,
+                advance: Callable[[int], None] | None = None, storage: dict[str, dict] | None = None,
+                fingerprint: str = "", now: datetime | None = None) -> Extraction:
+    """Extract every new or changed document, taking the elements of those in kept (tasks/kept.py usable) as kept.
+
+    The others are read from their bytes; those that extract cleanly come back as entries to keep under
+    fingerprint. Failures become 'quarantined' rows, not exceptions.
+    """
     storage = storage or {}
+    kept = kept or {}
     limit = cfg.max_file_mb * 1024 * 1024
     todo = documents.filter(pa.compute.is_in(documents["change"], pa.array(WORK))).to_pylist()
+    fresh = [d for d in todo if d["doc_id"] not in kept]
     # A daemonic process cannot have children: it extracts everything itself (the stage says so).
-    pooled = [d for d in todo if d["size"] <= limit and not _in_process(d)] if can_start_workers() else []
+    pooled = [d for d in fresh if d["size"] <= limit and not _in_process(d)] if can_start_workers() else []
     pool = shared_pool(cfg, extract_isolated, partitioners_ready) if pooled else None
     # Detection only where neither the source nor (later) the document says which language it is in.
     futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"], d["language"] is None, storage.get(d["source"]))
                for d in pooled}
     # Markdown and bundle pages: in this process, or shared with the CPU pool when the run has one.
-    inline = [d for d in todo if d["size"] <= limit and d["doc_id"] not in futures]
+    inline = [d for d in fresh if d["size"] <= limit and d["doc_id"] not in futures]
     parts = split_by_size(inline, [d["size"] or 0 for d in inline])
     done = map_parts(functools.partial(_extract_inline, cfg=cfg, storage=storage), parts, died=_died,
                      join=lambda results: [r for part in results for r in part])
     inline_results = {d["doc_id"]: r for part, results in zip(parts, done) for d, r in zip(part, results)}
     elements: list[dict] = []
     extracted: list[dict] = []
+    keep: list[tuple] = []
     for doc in todo:
+        entry = kept.get(doc["doc_id"])
         try:
             if doc["size"] > limit:  # listed sizes: web pages and objects have no file to stat
                 raise ExtractionError("too_large", f"{doc['size']} bytes is over the {cfg.max_file_mb:g} MB limit")
             future = futures.get(doc["doc_id"])
-            result = pool.result(future) if future else inline_results[doc["doc_id"]]
+            result = (from_kept(entry, doc) if entry is not None else pool.result(future) if future
+                      else inline_results[doc["doc_id"]])
             if isinstance(result, ExtractionError):
                 raise result
             row = {"doc_id": doc["doc_id"], "title": result.title, "status": "ok", "reason": None, "message": None,
@@ -589,27 +631,53 @@ def extract_documents(documents: pa.Table, cfg: ExtractionConfig, advance: Calla
         else:
             elements.extend(result.elements)
             extracted.append(row)
+            if entry is None:
+                keep.append((doc["doc_id"], result.content_hash, result.title, result.metadata,
+                             doc["language"] is None, result.elements))
         if advance is not None:
             advance(1)
-    return (pa.Table.from_pylist(elements, schema=ELEMENTS_SCHEMA),
-            pa.Table.from_pylist(extracted, schema=EXTRACTED_SCHEMA))
+    reused = sum(1 for d in todo if d["doc_id"] in kept)
+    return Extraction(pa.Table.from_pylist(elements, schema=ELEMENTS_SCHEMA),
+                      pa.Table.from_pylist(extracted, schema=EXTRACTED_SCHEMA),
+                      kept_rows(keep, fingerprint, now or datetime.now(UTC)), len(todo) - reused, reused)
+
+
+@dataclass(frozen=True)
+class Extracts:
+    """The extract stage's artifacts, and how many documents it read from their bytes or took as kept."""
+
+    elements: str
+    extracted: str
+    kept: str  # the entries the writer keeps (KEPT_SCHEMA)
+    read: int
+    from_kept: int
+    notices: list[str]
 
 
 @task(name="extract", cache_policy=NO_CACHE)
 def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str,
-                  storage: dict[str, dict] | None = None) -> tuple[str, str, list[str]]:
-    """Extract new and changed documents; write elements and extracted artifacts."""
+                  storage: dict[str, dict] | None = None, store_uri: str | None = None) -> Extracts:
+    """Extract new and changed documents, taking kept elements from the store at store_uri where they stand."""
+    from store.tables import kept_extractions  # here: extraction worker processes import this module, not LanceDB
+
     documents = read_artifact(documents_path, DOCUMENTS_SCHEMA)
-    todo = [d for d in documents.select(["path", "member", "change"]).to_pylist() if d["change"] in WORK]
+    work = documents.filter(pa.compute.is_in(documents["change"], pa.array(WORK)))
+    fingerprint = extraction_fingerprint(cfg)
+    todo = work.select(["doc_id", "content_hash"]).to_pylist()
+    pairs = [(d["doc_id"], d["content_hash"]) for d in todo if d["content_hash"]]
+    kept = usable(kept_extractions(store_uri, pairs, fingerprint), todo, fingerprint) if store_uri and pairs else {}
     notices = []
-    if any(not _in_process(d) for d in todo) and not can_start_workers():
+    rest = [d for d in work.select(["doc_id", "path", "member"]).to_pylist() if d["doc_id"] not in kept]
+    if any(not _in_process(d) for d in rest) and not can_start_workers():
         notices.append(IN_PROCESS_NOTICE)
     with stage_progress("extract", len(todo)) as advance:
-        elements, extracted = extract_documents(documents, cfg, advance, storage)
-    failed = extracted.filter(pa.compute.equal(extracted["status"], "quarantined"))
+        done = extract_all(documents, cfg, kept, advance=advance, storage=storage, fingerprint=fingerprint)
+    failed = done.extracted.filter(pa.compute.equal(done.extracted["status"], "quarantined"))
     logger = get_run_logger()
-    logger.info("extracted %d documents into %d elements; %d quarantined", len(todo), elements.num_rows, failed.num_rows)
+    logger.info("%d documents read from their files, %d re-chunked from kept elements: %d elements; %d quarantined",
+                done.read, done.from_kept, done.elements.num_rows, failed.num_rows)
     for row in failed.to_pylist():
         logger.warning("quarantined %s: %s: %s", row["doc_id"], row["reason"], row["message"])
-    return (write_artifact(elements, run_dir, "elements", ELEMENTS_SCHEMA),
-            write_artifact(extracted, run_dir, "extracted", EXTRACTED_SCHEMA), notices)
+    return Extracts(write_artifact(done.elements, run_dir, "elements", ELEMENTS_SCHEMA),
+                    write_artifact(done.extracted, run_dir, "extracted", EXTRACTED_SCHEMA),
+                    write_artifact(done.kept, run_dir, "kept", KEPT_SCHEMA), done.read, done.from_kept, notices)

@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 from runtime.artifacts import read_artifact
 from runtime.failpoints import failpoint
 from runtime.memory import release_memory
-from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, embedded_chunks_schema
+from schemas.arrow import DOCUMENTS_SCHEMA, EXTRACTED_SCHEMA, KEPT_SCHEMA, embedded_chunks_schema
 from store.commit import (
     CommitTarget,
     LoadResult,
@@ -33,8 +33,11 @@ _KEY_COLUMNS = ["chunk_id", "doc_id", "enricher", "enrich_key"]  # what the comm
 
 @task(name="upsert", cache_policy=NO_CACHE)
 def upsert_stage(target: CommitTarget, documents_path: str, extracted_paths: list[str], embedded_paths: list[str], *,
-                 last: bool, known: pa.Table | None = None) -> LoadResult:
-    """Commit a group of finished batches (the last group also commits deletions) to LanceDB."""
+                 last: bool, known: pa.Table | None = None, kept_paths: list[str] | None = None) -> LoadResult:
+    """Commit a group of finished batches (the last group also commits deletions) to LanceDB.
+
+    kept_paths (the main index's writer): the batches' fresh extractions, kept in the store (tasks/kept.py).
+    """
     schema = embedded_chunks_schema(target.dim)
     extracted = (pa.concat_tables([read_artifact(p, EXTRACTED_SCHEMA) for p in extracted_paths])
                  if extracted_paths else EXTRACTED_SCHEMA.empty_table())
@@ -45,10 +48,14 @@ def upsert_stage(target: CommitTarget, documents_path: str, extracted_paths: lis
     if not documents.num_rows and not extracted.num_rows:  # a run that changed nothing: no table is touched
         get_run_logger().info("nothing to commit")
         return LoadResult()
+    kept = (pa.concat_tables([KEPT_SCHEMA.empty_table(), *(read_artifact(p, KEPT_SCHEMA) for p in kept_paths)])
+            if kept_paths is not None else None)
     result = commit_group(connect(target.store_uri), target, documents, extracted, keys,
-                          parts=lambda: (read_artifact(p, schema) for p in embedded_paths), known=known)
+                          parts=lambda: (read_artifact(p, schema) for p in embedded_paths), known=known, kept=kept)
     get_run_logger().info("chunks: %d added, %d removed, %d reused, %d rows written", result.chunks_added,
                           result.chunks_removed, result.chunks_reused, result.chunks_written)
+    if kept is not None and kept.num_rows:
+        get_run_logger().info("kept the extracted elements of up to %d documents (tasks/kept.py)", kept.num_rows)
     failpoint("group-committed")
     return result
 

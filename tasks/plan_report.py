@@ -88,6 +88,7 @@ def summarize_plan(documents: pa.Table, extracted: pa.Table, held: int, rows: in
     worked = changes[Change.NEW] + changes[Change.CHANGED] + len(refresh_ids(documents))
     summary = {**{f"docs_{k}": v for k, v in changes.items()}, "docs_held": held,
                "docs_refreshed": len(refresh_ids(documents)), "docs_quarantined": quarantined.num_rows,
+               "docs_extracted": texts.get("docs_extracted", 0), "docs_from_kept": texts.get("docs_from_kept", 0),
                "chunks": rows, **{k: texts.get(k, 0) for k in PLAN_COUNTS if k.startswith("texts_")},
                **total_usage(usage), "model_mode": model_mode(usage),
                "causes": cost_causes(documents, estimates),
@@ -114,6 +115,8 @@ def plan_markdown(plan_id: str, summary: dict) -> str:
              f"- documents: {s['docs_new']} new, {s['docs_changed']} changed, {s['docs_deleted']} deleted, "
              f"{s['docs_held']} held by the deletion guard, {s['docs_refreshed']} re-enriched, "
              f"{s['docs_unchanged']} unchanged, {s['docs_quarantined']} would be quarantined",
+             f"- extraction: {s['docs_extracted']} documents read from their files, {s['docs_from_kept']} re-chunked "
+             "from kept elements",
              f"- chunks: {s['chunks']}; texts to enrich {s['texts_enriched']} ({s['texts_enrich_cached']} from the "
              f"model cache), to embed {s['texts_embedded']} ({s['texts_embed_cached']} from the cache)",
              f"- models: {s['model_mode']}; {s['llm_calls']} enrichment calls, {s['llm_batch_requests']} rows in "

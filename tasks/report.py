@@ -101,6 +101,7 @@ def summarize_run(documents: pa.Table, extracted: pa.Table, texts: dict[str, int
         "docs_access_raised": len(raised),
         **{k: getattr(load, k) for k in ("chunks_added", "chunks_removed", "chunks_reused", "chunks_written")},
         **{k: texts.get(k, 0) for k in RUN_COUNTS if k.startswith("texts_")},
+        "docs_extracted": texts.get("docs_extracted", 0), "docs_from_kept": texts.get("docs_from_kept", 0),
         **total_usage(usage or {}),
         "quarantined": [{"doc_id": f["doc_id"], "stage": f["stage"] or "extract", "reason": f["reason"],
                          "message": f["message"]} for f in failed],

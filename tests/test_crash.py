@@ -60,8 +60,9 @@ def _edit(folder: Path) -> None:
     (folder / "engine.md").unlink()
 
 
-def _tables(config: Path) -> tuple[list[tuple], list[tuple], list[str]]:
-    """What a run's result is: chunk rows (ids, texts, enrichment, vectors, positions), document rows, quarantine."""
+def _tables(config: Path) -> tuple[list[tuple], list[tuple], list[str], list[tuple]]:
+    """What a run's result is: chunk rows (ids, texts, enrichment, vectors, positions), document rows, quarantine,
+    and the kept extractions (which document, which bytes, which elements)."""
     cfg = load_config(config)
     db = lancedb.connect(str(cfg.store.uri))
     chunks = db.open_table("chunks").to_arrow()
@@ -74,7 +75,9 @@ def _tables(config: Path) -> tuple[list[tuple], list[tuple], list[str]]:
     names = db.list_tables()
     quarantined = (sorted(db.open_table("quarantine").to_arrow()["doc_id"].to_pylist())
                    if "quarantine" in getattr(names, "tables", names) else [])
-    return chunk_rows, doc_rows, quarantined
+    kept = db.open_table("extractions").to_arrow()
+    kept_rows = sorted(zip(*(kept[c].to_pylist() for c in ("doc_id", "content_hash", "extraction_fp", "elements"))))
+    return chunk_rows, doc_rows, quarantined, kept_rows
 
 
 def _committed_keys(config: Path) -> tuple[set[str], set[str]]:

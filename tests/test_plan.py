@@ -23,7 +23,8 @@ PROMPTS = Path(__file__).resolve().parent.parent / "configs" / "prompts"
 FAST_POLLING = {"poll_initial_s": 0.05, "poll_max_s": 0.2}
 # What a plan counts exactly, and the run that follows reports: its documents, texts, calls and jobs, and the
 # embedding tokens (Inlet counts those itself). Prompt and output tokens only Gemini reports: estimated.
-EXACT = ("docs_new", "docs_changed", "docs_deleted", "docs_refreshed", "docs_quarantined", "texts_enriched",
+EXACT = ("docs_new", "docs_changed", "docs_deleted", "docs_refreshed", "docs_quarantined", "docs_extracted",
+         "docs_from_kept", "texts_enriched",
          "texts_enrich_cached", "texts_embedded", "texts_embed_cached", "llm_calls", "llm_batch_jobs",
          "llm_batch_requests", "embed_calls", "embed_batch_jobs")
 
