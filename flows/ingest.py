@@ -28,7 +28,7 @@ from runtime.clock import Stopwatch
 from runtime.cpu import cpu_pool_for
 from runtime.failpoints import failpoint
 from runtime.isolate import Breaker
-from runtime.memory import frozen_heap, release_memory
+from runtime.memory import release_memory
 from runtime.progress import stage_progress
 from schemas.arrow import DOCUMENTS_SCHEMA, WORK, Change
 from schemas.config import InletConfig, load_config
@@ -188,21 +188,18 @@ def index_run(cfg: InletConfig, run: RunStart, plans: list[IndexPlan], detected:
                       batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=d.known,
                       keeps=plan.name is None)
                for plan, d in zip(plans, detected)]
-    with contextlib.ExitStack() as frozen:
-        with cpu_pool_for(cfg.execution, sum(sizes)):  # its workers start while GX is imported
-            if batches and cfg.execution.task_runner == "thread" and any(p.cfg.quality.enabled for p in plans):
-                # GX's import (2-3 s, holding the interpreter) before the batches, not inside the first batch's
-                # validate, where it slowed every batch beside it; reported apart, as "import gx". Said in the
-                # run's log, so that the gap before the first batch in the UI is explained.
-                get_run_logger().info("loading great-expectations for the data-quality checks")
-                clock.run("import gx", gx.context)
-            # From here to the publish, full collections skip everything imported so far (runtime/memory.py).
-            frozen.enter_context(frozen_heap())
-            done = clock.run("batches", run_batches, cfg, batches, run.run_dir, plans, writers)
-        clock.seconds = merge_usage(clock.seconds, done.seconds)  # summed: "import gx" may come from both
-        # The last commit group, then publish; with a publish gate, tag only, and the gate publishes if it passes.
-        results = [writer.finish(ann_min_rows=plan.cfg.query.ann_min_rows, hold=plan.cfg.publish.gate is not None)
-                   for plan, writer in zip(plans, writers)]
+    with cpu_pool_for(cfg.execution, sum(sizes)):  # its workers start while GX is imported
+        if batches and cfg.execution.task_runner == "thread" and any(p.cfg.quality.enabled for p in plans):
+            # GX's import (2-3 s, holding the interpreter) before the batches, not inside the first batch's
+            # validate, where it slowed every batch beside it; reported apart, as "import gx". Said in the
+            # run's log, so that the gap before the first batch in the UI is explained.
+            get_run_logger().info("loading great-expectations for the data-quality checks")
+            clock.run("import gx", gx.context)
+        done = clock.run("batches", run_batches, cfg, batches, run.run_dir, plans, writers)
+    clock.seconds = merge_usage(clock.seconds, done.seconds)  # summed: "import gx" may come from both
+    # The last commit group, then publish; with a publish gate, tag only, and the gate publishes if it passes.
+    results = [writer.finish(ann_min_rows=plan.cfg.query.ann_min_rows, hold=plan.cfg.publish.gate is not None)
+               for plan, writer in zip(plans, writers)]
     gates = [gate_stage(plan.cfg, run.run_id, "ingest-publish-gate" + _suffix(plan).replace(" ", "-")).as_dict()
              if loaded.held else None for plan, loaded in zip(plans, results)]
     if batches:  # after publishing, not beside the index builds: the run's memory peak is there

@@ -1,14 +1,11 @@
-"""Hand freed memory back to the operating system between batches, so a long run's RSS follows its live data; keep
-the garbage collector off what the process held before a run."""
+"""Hand freed memory back to the operating system between batches, so a long run's RSS follows its live data."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import functools
-import gc
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -47,23 +44,3 @@ def release_memory() -> None:
     if trim is not None:
         trim(0)
     pa.default_memory_pool().release_unused()
-
-
-@contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Run the block with the objects alive at its start out of the garbage collector's reach (gc.freeze), then back.
-
-    A run's process holds millions of objects from its imports (Prefect, great-expectations, LanceDB); every
-    full collection walked all of them: 0.9-1.1 s of gen-2 collections in a 5 s cold run of the Markdown corpus
-    (bench/README.md). Frozen, a collection walks only what the run made. Unfrozen at the end, so that a
-    long-lived process (`inlet watch`, a served deployment) collects what a run left as before, and no run's
-    leftovers stay frozen for good. Nested use freezes once.
-    """
-    if gc.get_freeze_count():  # an outer block froze the heap: it unfreezes
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()

@@ -97,16 +97,6 @@ def test_a_run_with_nothing_to_report_posts_its_summary_but_no_quarantine_report
     assert {"ingest-run-summary", "ingest-run-quarantine"} <= _artifact_keys(bad)
 
 
-def test_a_run_leaves_the_garbage_collector_as_it_found_it(corpus, write_config):
-    """The batches run with the heap frozen (runtime/memory.py); a long-lived process must get it back unfrozen."""
-    import gc
-
-    assert gc.get_freeze_count() == 0
-    summary = ingest(config_path=str(write_config(corpus)))
-    assert summary["docs_new"] == 5 and summary["chunks_added"] > 0
-    assert gc.get_freeze_count() == 0
-
-
 def test_touched_file_with_same_bytes_is_unchanged(corpus, write_config):
     config = write_config(corpus)
     ingest(config_path=str(config))

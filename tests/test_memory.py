@@ -33,30 +33,3 @@ def test_freed_heap_memory_below_a_live_allocation_is_returned_by_release_memory
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     before, after = map(int, out.stdout.split())
     assert before - after > 150, f"RssAnon {before} MB -> {after} MB"
-
-
-def test_frozen_heap_keeps_what_lived_before_out_of_collections_and_hands_it_back():
-    import gc
-
-    from runtime.memory import frozen_heap
-
-    assert gc.get_freeze_count() == 0
-    with frozen_heap():
-        frozen = gc.get_freeze_count()
-        assert frozen > 0
-        with frozen_heap():  # nested: the outer block owns the freeze
-            assert gc.get_freeze_count() == frozen
-        assert gc.get_freeze_count() == frozen
-    assert gc.get_freeze_count() == 0
-
-
-def test_frozen_heap_unfreezes_when_the_block_raises():
-    import gc
-
-    import pytest
-
-    from runtime.memory import frozen_heap
-
-    with pytest.raises(RuntimeError), frozen_heap():
-        raise RuntimeError("boom")
-    assert gc.get_freeze_count() == 0
