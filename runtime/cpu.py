@@ -3,7 +3,7 @@
 Batches in threads share one interpreter lock, so Python-heavy work (cleaning Markdown, detecting
 languages, packing chunks) would not run in parallel. The flow starts this pool in the background
 when the thread runner has that kind of work; once its workers are up, each batch cuts the work into
-parts and hands them to it, the batch's own thread taking parts from the other end. Results come
+parts and hands them to it, and waits. Results come
 back in part order: a run's tables are the same with the pool or without it. With the process or
 Dask runner, batches already run in processes of their own and do this work themselves.
 """
@@ -153,8 +153,10 @@ def map_parts(fn: Callable[[list[T]], R], parts: Sequence[list[T]], *, died: Cal
               join: Callable[[list[R]], R] | None = None) -> list[R]:
     """Apply fn to every part, on the pool when there is one and more than one part; results in part order.
 
-    The pool gets at most one part per worker at a time from this call; the calling thread takes parts
-    from the end meanwhile, so the run's own core works too (measured faster than waiting on the pool).
+    The pool gets at most one part per worker at a time from this call, and the calling thread waits: the run's
+    process is bound by its interpreter lock (the other batches' embedding, validation and commits need it), so
+    a part done there slowed them more than it gained. A cold bench run took 11.5 s waiting, 12.4 s taking parts
+    from the end (bench/README.md). Without a pool, or once it is retired, the calling thread does every part.
     A worker that dies (the OOM killer, a crash in a C extension) breaks the pool: with died and join, the
     pool is retired, the parts it held are done again item by item, each in a process of its own, and an
     item whose process dies again gets died(item); join puts a part's item results back together.
@@ -177,7 +179,7 @@ def map_parts(fn: Callable[[list[T]], R], parts: Sequence[list[T]], *, died: Cal
                 pending.appendleft(i)  # not lost: it never reached a worker, the caller takes it
                 _retire(pool)
                 pool = None
-        if pending:
+        if pending and pool is None:
             i = pending.pop()
             results[i] = fn(parts[i])
             finished = [f for f in running if f.done()]
