@@ -367,20 +367,30 @@ def chunk_document(doc_id: str, rows: list[dict], cfg: ChunkingConfig) -> list[d
     return chunk_rows(doc_id, pieces_for_document(rows, cfg))
 
 
-def _chunk_documents(docs: list[tuple[str, list[dict]]], cfg: ChunkingConfig) -> tuple[list[dict], list[DocumentFailure]]:
-    """Chunk several documents, each given as (doc_id, its element rows); one that raises is a failure, not an error."""
+def _chunk_documents(docs: list[tuple[str, list[dict]]], cfg: ChunkingConfig) -> tuple[pa.Table, list[DocumentFailure]]:
+    """Chunk several documents, each given as (doc_id, its element rows); one that raises is a failure, not an error.
+
+    The chunks come back as an Arrow table: from a worker process, its buffers cross to the run's process whole,
+    where row dicts were unpickled one object at a time under the run's interpreter lock.
+    """
     done, failures = each_document(lambda doc: chunk_document(doc[0], doc[1], cfg),
                                    ((doc_id, (doc_id, rows)) for doc_id, rows in docs), "chunk")
-    return [r for rows in done for r in rows], failures
+    return pa.Table.from_pylist([r for rows in done for r in rows], schema=CHUNKS_SCHEMA), failures
 
 
-def _died(doc: tuple[str, list[dict]]) -> tuple[list[dict], list[DocumentFailure]]:
+def _died(doc: tuple[str, list[dict]]) -> tuple[pa.Table, list[DocumentFailure]]:
     """A document whose chunking killed the worker process, twice: no chunks, a failure."""
-    return [], [DocumentFailure(doc[0], "chunk", UNEXPECTED, "the worker process chunking it died", "WorkerDied")]
+    return CHUNKS_SCHEMA.empty_table(), [DocumentFailure(doc[0], "chunk", UNEXPECTED, "the worker process chunking it died",
+                                                         "WorkerDied")]
 
 
-def _joined(results: list[tuple[list[dict], list[DocumentFailure]]]) -> tuple[list[dict], list[DocumentFailure]]:
-    return [r for rows, _ in results for r in rows], [f for _, failures in results for f in failures]
+def _joined(results: list[tuple[pa.Table, list[DocumentFailure]]]) -> tuple[pa.Table, list[DocumentFailure]]:
+    return (pa.concat_tables([CHUNKS_SCHEMA.empty_table(), *(chunks for chunks, _ in results)]),
+            [f for _, failures in results for f in failures])
+
+
+# What chunking reads of an element row (its position is the order the rows come in).
+_ELEMENT_FIELDS = ["doc_id", "kind", "text", "heading_level", "page"]
 
 
 def chunk_elements(elements: pa.Table, cfg: ChunkingConfig) -> tuple[pa.Table, list[DocumentFailure]]:
@@ -389,13 +399,12 @@ def chunk_elements(elements: pa.Table, cfg: ChunkingConfig) -> tuple[pa.Table, l
     Returns the chunks and the documents whose chunking raised (they have no chunks).
     """
     by_doc: dict[str, list[dict]] = {}
-    for row in elements.sort_by([("doc_id", "ascending"), ("element_index", "ascending")]).to_pylist():
+    ordered = elements.sort_by([("doc_id", "ascending"), ("element_index", "ascending")]).select(_ELEMENT_FIELDS)
+    for row in ordered.to_pylist():
         by_doc.setdefault(row["doc_id"], []).append(row)
     docs = list(by_doc.items())
     parts = split_by_size(docs, [sum(len(r["text"]) for r in rows) for _, rows in docs])
-    done = map_parts(functools.partial(_chunk_documents, cfg=cfg), parts, died=_died, join=_joined)
-    return (pa.Table.from_pylist([r for rows, _ in done for r in rows], schema=CHUNKS_SCHEMA),
-            [f for _, failures in done for f in failures])
+    return _joined(map_parts(functools.partial(_chunk_documents, cfg=cfg), parts, died=_died, join=_joined))
 
 
 @task(name="chunk", cache_policy=NO_CACHE)
