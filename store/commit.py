@@ -130,7 +130,8 @@ def chunk_rows(embedded: pa.Table, documents: pa.Table, extracted: pa.Table, run
 def document_rows(documents: pa.Table, extracted: pa.Table, embedded: pa.Table, known: pa.Table,
                   settings_fp: str, run_id: str, now: datetime) -> pa.Table:
     """Build document rows for processed, quarantined and touched documents."""
-    done = {r["doc_id"]: r for r in extracted.to_pylist()}
+    read = ["doc_id", "status", "title", "content_hash", "reason", "message", "stage"]  # what the rows below take
+    done = {r["doc_id"]: r for r in extracted.select(read).to_pylist()}
     pending = set(embedded.filter(failed_mask(embedded))["doc_id"].to_pylist()) if embedded.num_rows else set()
     totals = pc.value_counts(embedded["doc_id"]).to_pylist() if embedded.num_rows else []
     chunk_counts = {t["values"]: t["counts"] for t in totals}

@@ -105,6 +105,8 @@ def _classify(row: dict, known: dict | None, settings_fp: str, hasher: Hasher, r
     return Change.UNCHANGED, None if same_stat else "touched", digest
 
 
+# The listed columns _classify reads.
+_LISTED = ("doc_id", "path", "size", "mtime_ns", "validator", "listed_hash", "meta_hash")
 # The stored columns _classify compares a listed file with.
 _COMPARED = ("doc_id", "source", "size", "mtime_ns", "validator", "content_hash", "status", "settings_fp", "meta_hash")
 
@@ -160,7 +162,9 @@ def classify_documents(
         rest = listing.take(pa.array(slow, pa.int64()))
         ids = rest["doc_id"]
         by_id = {r["doc_id"]: r for r in slim.filter(pc.is_in(slim["doc_id"], value_set=ids)).to_pylist()}
-        for i, row in zip(slow, rest.to_pylist()):
+        # Only what _classify reads of a listed row: a cold run's every listed row comes through here.
+        read = [c for c in _LISTED if c in rest.column_names]
+        for i, row in zip(slow, rest.select(read).to_pylist()):
             change[i], reason[i], content[i] = _classify(row, by_id.get(row["doc_id"]), settings_fp, hasher,
                                                          retry_quarantined, max_bytes)
             if change[i] == Change.UNCHANGED and row["doc_id"] in interrupted:
