@@ -91,6 +91,10 @@ def test_a_damaged_tokenizer_cache_is_written_again(tmp_path, monkeypatch, caplo
 
     monkeypatch.setenv("INLET_CACHE_DIR", str(tmp_path))
     tokenizer.encoding.__wrapped__()
-    (tmp_path / tokenizer._cache_folder().name / "lengths.npy").write_bytes(b"broken")
-    enc = tokenizer.encoding.__wrapped__()
-    assert "damaged" in caplog.text and enc.encode("Hello, world!") == [9906, 11, 1917, 0]
+    ranks = tmp_path / tokenizer._cache_folder().name / "ranks.marshal"
+    whole = ranks.read_bytes()
+    for damage in (b"broken", whole[: len(whole) // 2], b""):  # not marshal data; cut short (a full disk); empty
+        ranks.write_bytes(damage)
+        caplog.clear()
+        enc = tokenizer.encoding.__wrapped__()
+        assert "damaged" in caplog.text and enc.encode("Hello, world!") == [9906, 11, 1917, 0]
