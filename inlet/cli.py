@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from query.search import SearchResult
     from query.service import KnowledgeBase
-    from schemas.config import InletConfig
+    from schemas.config import ApiKeys, InletConfig
 
 app = typer.Typer(help="Keep a LanceDB knowledge base fresh and search it.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -517,10 +517,29 @@ def _knowledge_base(config: Path, access_log: Path | None) -> tuple[InletConfig,
     return cfg, open_knowledge_base(cfg, access_log)
 
 
+KeysOpt = Annotated[Path | None, typer.Option(help="API keys file (default: serving.api_keys); each request then "
+                                              "needs Authorization: Bearer KEY and is answered at its key's "
+                                              "clearance.")]
+InsecureOpt = Annotated[bool, typer.Option("--insecure-no-auth", help="Serve an address other than 127.0.0.1 "
+                                           "without a keys file: anyone who can reach it is answered at the "
+                                           "server's clearance.")]
+
+
+def _exposure(host: str, api_keys: ApiKeys | None, insecure: bool, server: str) -> None:
+    """Refuse an exposed server without keys; say so loudly when --insecure-no-auth allows it."""
+    from query.service import check_exposure
+
+    warning = check_exposure(host, api_keys, insecure, server)
+    if warning:
+        typer.secho(f"WARNING: {warning}", fg=typer.colors.RED, bold=True, err=True)
+
+
 @app.command()
 def mcp(
     http: Annotated[str | None, typer.Option(help="Serve streamable HTTP on HOST:PORT (path /mcp) instead of "
                                              "stdio.")] = None,
+    keys: KeysOpt = None,
+    insecure_no_auth: InsecureOpt = False,
     clearance: ClearanceOpt = None,
     caller: CallerOpt = None,
     access_log: LogOpt = None,
@@ -528,32 +547,44 @@ def mcp(
 ) -> None:
     """Serve the knowledge base to agents as MCP tools: search, get_context, list_sources, versions.
 
-    Over stdio by default (an MCP client starts it); the clearance is fixed here, never by a tool argument.
+    Over stdio by default (an MCP client starts it, as the local user): the clearance is fixed here. Over --http,
+    with a keys file (--keys or serving.api_keys) each request is answered at its key's clearance; without one, at
+    the server's, and only on 127.0.0.1 unless --insecure-no-auth. Never by a tool argument.
     """
-    from query.mcp_server import build_server, parse_address
+    from query.mcp_server import build_server, parse_address, serve_http
     from query.service import Caller
+    from schemas.config import load_api_keys
 
     try:
         cfg, kb = _knowledge_base(config, access_log)
-        who = Caller(caller or cfg.serving.caller, clearance or cfg.serving.clearance)
         address = parse_address(http) if http else None
+        if address is None and keys:
+            _fail(ValueError("--keys is for --http: over stdio the server is the local user's own process"))
+        keys_file = (keys or cfg.serving.api_keys) if address else None
+        api_keys = load_api_keys(keys_file) if keys_file else None
+        if api_keys and (clearance or caller):
+            _fail(ValueError("--clearance and --caller are for a server without a keys file: each key has its own"))
+        who = Caller(caller or cfg.serving.caller, clearance or cfg.serving.clearance)
+        if address:
+            _exposure(address[0], api_keys, insecure_no_auth, "inlet mcp")
     except (InletError, ValueError) as exc:
         _fail(exc)
-    server = build_server(kb, who)
-    typer.echo(f"inlet mcp: {'http://%s:%d/mcp' % address if address else 'stdio'}, caller {who.name}, clearance "
-               f"{who.clearance}, access log {kb.log.path}", err=True)  # stdout is the protocol's on stdio
+    url = "http://%s:%d/mcp" % address if address else None
+    server = build_server(kb, who, api_keys, url)
+    served = f"{len(api_keys.keys)} API keys" if api_keys else f"caller {who.name}, clearance {who.clearance}"
+    typer.echo(f"inlet mcp: {url or 'stdio'}, {served}, access log {kb.log.path}", err=True)  # stdout: the protocol's
     if address is None:
         server.run("stdio")
     else:
-        server.run("streamable-http", host=address[0], port=address[1])
+        serve_http(server, kb, *address)
 
 
 @app.command()
 def api(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
-    keys: Annotated[Path | None, typer.Option(help="API keys file (default: serving.api_keys); each request then "
-                                              "needs Authorization: Bearer KEY.")] = None,
+    keys: KeysOpt = None,
+    insecure_no_auth: InsecureOpt = False,
     clearance: ClearanceOpt = None,
     caller: CallerOpt = None,
     access_log: LogOpt = None,
@@ -573,6 +604,7 @@ def api(
         if api_keys and (clearance or caller):
             _fail(ValueError("--clearance and --caller are for a server without a keys file: each key has its own"))
         who = Caller(caller or cfg.serving.caller, clearance or cfg.serving.clearance)
+        _exposure(host, api_keys, insecure_no_auth, "inlet api")
     except InletError as exc:
         _fail(exc)
     typer.echo(f"inlet api: http://{host}:{port} (docs at /docs), "

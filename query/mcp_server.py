@@ -1,12 +1,16 @@
 """`inlet mcp`: the knowledge base as Model Context Protocol tools (the official Python SDK's MCPServer).
 
-Four read-only tools: search, get_context, list_sources, versions. The caller and clearance are the server's,
-fixed when it starts; no tool takes a clearance. One resource, KB_URI, says which version is served; a client
+Four read-only tools: search, get_context, list_sources, versions. Over stdio, and over HTTP without a keys file, the
+caller and clearance are the server's, fixed when it starts. Over HTTP with a keys file (the one `inlet api` reads),
+every request carries `Authorization: Bearer KEY`, checked through the SDK's token-verifier hook, and is answered at
+that key's clearance; a request without a known key gets 401 with `WWW-Authenticate` and no tool runs. No tool takes
+a clearance. One resource, KB_URI, says which version is served; a client
 listening for it (the protocol's subscriptions/listen) is told within NOTICE_S of a run publishing a new one.
 """
 
 # No `from __future__ import annotations`: the SDK reads the tools' annotations at definition, and k's bound
 # is a local.
+import hashlib
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -14,6 +18,9 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
 from mcp.server import MCPServer
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
 from mcp_types import ToolAnnotations
@@ -21,6 +28,7 @@ from pydantic import Field
 
 from query.service import MAX_NEIGHBORS, Caller, KnowledgeBase, Served, watch_call
 from schemas.answers import ContextAnswer, Filters, SearchAnswer, SourcesAnswer, VersionsAnswer
+from schemas.config import ApiKeys
 from schemas.errors import InletError
 
 T = TypeVar("T")
@@ -31,6 +39,7 @@ INSTRUCTIONS = ("Search the documents Inlet keeps fresh. Call search first; cite
 
 
 KB_URI = "inlet://knowledge-base"
+UNKNOWN = Caller("unknown", "public")  # the access log's name for a request without a valid key
 NOTICE_S = 0.5  # how often the served version is read for change notices (one small manifest read)
 
 
@@ -53,27 +62,62 @@ def _answer(fn: Callable[..., T], *args: object) -> T:
         raise ToolError(str(exc)) from None
 
 
-def build_server(kb: KnowledgeBase, caller: Caller) -> MCPServer:
-    """An MCPServer whose tools answer at caller's clearance and write each call to kb's access log."""
+class KeyVerifier:
+    """The SDK's token-verifier hook over a keys file: a bearer token is known by its sha256 (the file holds no key).
+
+    The token's client id is the key's sha256, so the SDK binds each HTTP session to one key: a request with
+    another key cannot use it.
+    """
+
+    def __init__(self, keys: ApiKeys) -> None:
+        self.callers = {k.sha256: Caller(k.caller, k.clearance) for k in keys.keys}
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        """The key's access token, or None for a token not in the file (the SDK then answers 401)."""
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        return AccessToken(token=token, client_id=digest, scopes=[]) if digest in self.callers else None
+
+    def caller(self, token: AccessToken | None) -> Caller | None:
+        """The caller a verified token stands for."""
+        return None if token is None else self.callers.get(token.client_id)
+
+
+def build_server(kb: KnowledgeBase, caller: Caller, keys: ApiKeys | None = None, url: str | None = None) -> MCPServer:
+    """An MCPServer whose tools write each call to kb's access log, answering at caller's clearance, or with keys (HTTP
+    only: url is where it is served) at the clearance of the request's key."""
+    verifier = KeyVerifier(keys) if keys else None
+    if verifier is not None and url is None:
+        msg = "keys are checked over HTTP only: build_server needs the URL it is served at"
+        raise ValueError(msg)
+
+    def current() -> Caller:
+        """The caller of the request being answered."""
+        if verifier is None:
+            return caller
+        found = verifier.caller(get_access_token())
+        if found is None:  # the SDK refuses a request without a valid key before any tool: never reached
+            raise ToolError("a valid API key is needed")
+        return found
 
     async def log_refused_calls(ctx: Any, call_next: Any) -> Any:
         """Write the access-log line of a tool call the SDK refused before it reached an operation."""
         if ctx.method != "tools/call":
             return await call_next(ctx)
         params = ctx.params if isinstance(ctx.params, dict) else {}
+        who = current()
         with watch_call() as call:
             try:
                 result = await call_next(ctx)
             except Exception as exc:
                 if not call["logged"]:
-                    kb.log.write(caller, str(params.get("name")), json.dumps(params.get("arguments"), sort_keys=True,
-                                                                             default=str), Served(), repr(exc))
+                    kb.log.write(who, str(params.get("name")), json.dumps(params.get("arguments"), sort_keys=True,
+                                                                          default=str), Served(), repr(exc))
                 raise
         if not call["logged"]:
             shown = result.model_dump() if hasattr(result, "model_dump") else result if isinstance(result, dict) else {}
             error = " ".join(str(c.get("text", "")) for c in shown.get("content") or []) or "refused"
-            kb.log.write(caller, str(params.get("name")), json.dumps(params.get("arguments"), sort_keys=True,
-                                                                     default=str), Served(), error)
+            kb.log.write(who, str(params.get("name")), json.dumps(params.get("arguments"), sort_keys=True,
+                                                                  default=str), Served(), error)
         return result
 
     bus = InMemorySubscriptionBus()
@@ -85,8 +129,12 @@ def build_server(kb: KnowledgeBase, caller: Caller) -> MCPServer:
             yield {}
             group.cancel_scope.cancel()
 
+    # Static keys, not OAuth: no authorization server hands them out, so the server names itself as issuer; a client
+    # is given its key by the operator (docs/agents.md). validate_token_resource off: a key is not bound to a URL.
+    auth = (AuthSettings(issuer_url=url.removesuffix("/mcp"), resource_server_url=url, validate_token_resource=False)
+            if verifier is not None else None)
     server = MCPServer("inlet", instructions=INSTRUCTIONS, middleware=[log_refused_calls], subscriptions=bus,
-                       lifespan=notices)
+                       lifespan=notices, token_verifier=verifier, auth=auth)
     max_k = kb.cfg.serving.max_k
 
     @server.tool(annotations=READ_ONLY)
@@ -102,7 +150,7 @@ def build_server(kb: KnowledgeBase, caller: Caller) -> MCPServer:
                                            "an ISO time (default: the published version).")] = None,
     ) -> SearchAnswer:
         """Find the chunks that best answer a query, each with its text, score and citation."""
-        return _answer(kb.search, caller, query, k, filters, mode, as_of)
+        return _answer(kb.search, current(), query, k, filters, mode, as_of)
 
     @server.tool(annotations=READ_ONLY)
     def get_context(
@@ -110,17 +158,17 @@ def build_server(kb: KnowledgeBase, caller: Caller) -> MCPServer:
         neighbors: Annotated[int, Field(ge=0, le=MAX_NEIGHBORS, description="Chunks to add before and after.")] = 1,
     ) -> ContextAnswer:
         """Return a chunk with its neighbouring chunks, in document order."""
-        return _answer(kb.get_context, caller, chunk_id, neighbors)
+        return _answer(kb.get_context, current(), chunk_id, neighbors)
 
     @server.tool(annotations=READ_ONLY)
     def list_sources() -> SourcesAnswer:
         """List the indexed sources with their documents and chunks, and when the store was last updated."""
-        return _answer(kb.list_sources, caller)
+        return _answer(kb.list_sources, current())
 
     @server.tool(annotations=READ_ONLY)
     def versions() -> VersionsAnswer:
         """List the ingest runs, oldest first, and which one's version is served now."""
-        return _answer(kb.versions, caller)
+        return _answer(kb.versions, current())
 
     @server.resource(KB_URI, name="knowledge-base", mime_type="application/json",
                      description="The version readers are served now; listen to it to hear of each new one.")
@@ -138,3 +186,31 @@ def parse_address(text: str) -> tuple[str, int]:
         msg = f"--http expects HOST:PORT, got '{text}'"
         raise ValueError(msg)
     return host or "127.0.0.1", int(port)
+
+
+def log_refusals(app: Any, kb: KnowledgeBase) -> Any:
+    """Wrap an ASGI app so that each 401 or 403 it answers (no key, an unknown key) is a line in the access log."""
+
+    async def logged(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+
+        async def watching(message: Any) -> None:
+            if message["type"] == "http.response.start" and message["status"] in (401, 403):
+                kb.log.write(UNKNOWN, scope.get("path", ""), "", Served(denied=1),
+                             f"{message['status']}: no valid API key")
+            await send(message)
+
+        await app(scope, receive, watching)
+
+    return logged
+
+
+def serve_http(server: MCPServer, kb: KnowledgeBase, host: str, port: int) -> None:
+    """Serve streamable HTTP at http://HOST:PORT/mcp with uvicorn, refusals logged."""
+    import uvicorn
+
+    app = server.streamable_http_app(host=host)
+    uvicorn.run(log_refusals(app, kb), host=host, port=port, log_level="warning")
+

@@ -45,7 +45,7 @@ from schemas.answers import (
     VersionInfo,
     VersionsAnswer,
 )
-from schemas.config import ACCESS_LEVELS, InletConfig
+from schemas.config import ACCESS_LEVELS, ApiKeys, InletConfig
 from schemas.errors import ConfigError, NotAvailableError, QueryError, StoreError
 
 MAX_NEIGHBORS = 10
@@ -65,6 +65,9 @@ def watch_call() -> Iterator[dict[str, bool]]:
         yield holder
     finally:
         _CALL.reset(token)
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True)
@@ -301,3 +304,19 @@ def open_knowledge_base(cfg: InletConfig, access_log: Path | None = None,
     return KnowledgeBase(cfg, AccessLog(access_log or serving.access_log,
                                         serving.log_queries if log_queries is None else log_queries))
 
+
+def check_exposure(host: str, keys: ApiKeys | None, insecure: bool, server: str) -> str | None:
+    """Refuse a server on a non-loopback address without keys (ConfigError); return the warning to log when allowed.
+
+    Without keys every request is answered at the server's clearance: on 127.0.0.1 that is the local user's, on any
+    other address it is anyone's who can reach the port.
+    """
+    if keys is not None or host in LOOPBACK:
+        return None
+    if not insecure:
+        msg = (f"{server} on {host} without a keys file would answer anyone who can reach it at the server's "
+               "clearance: give --keys FILE (or serving.api_keys), bind 127.0.0.1, or pass --insecure-no-auth to "
+               "accept that")
+        raise ConfigError(msg)
+    return (f"{server} serves {host} WITHOUT AUTHENTICATION (--insecure-no-auth): anyone who can reach this port is "
+            "answered at the server's clearance")

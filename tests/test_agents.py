@@ -20,11 +20,13 @@ from pathlib import Path
 
 import anyio
 import httpx
+import httpx2
 import lancedb
 import pytest
 import yaml
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ResourceUpdated
 
 from flows.ingest import ingest
@@ -183,18 +185,61 @@ def test_mcp_over_stdio_lists_typed_tools_and_serves_cited_hits_equal_to_query_s
     assert lines[0]["doc_ids"] and len(lines[0]["query_sha256"]) == 64, "documents served and a hash, no text"
 
 
-def test_a_public_server_never_serves_internal_confidential_or_expired_chunks_whatever_it_is_asked(kb):
+def _keyed(url: str, key: str) -> Client:
+    """The SDK's client over streamable HTTP, every request carrying Authorization: Bearer key."""
+    return Client(streamable_http_client(url, http_client=httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"})))
+
+
+def test_mcp_over_http_answers_each_key_at_its_clearance_and_never_above_it_whatever_it_is_asked(kb):
     cfg = load_config(kb)
     rows = lancedb.connect(str(cfg.store.uri)).open_table("chunks").to_arrow().to_pylist()
-    hidden = {r["chunk_id"]: r for r in rows if r["access_level"] != "public" or r["doc_id"].endswith("fuel.md")}
-    assert {r["doc_id"].split(":")[1] for r in hidden.values()} == {"vault.md", "staff.md", "fuel.md"}
+    expired = {r["chunk_id"] for r in rows if r["doc_id"].endswith("fuel.md")}
+    above = {"public": {r["chunk_id"] for r in rows if r["access_level"] != "public"},
+             "internal": {r["chunk_id"] for r in rows if r["access_level"] in ("restricted", "confidential")}}
+    staff = {r["chunk_id"] for r in rows if r["doc_id"].endswith("staff.md")}
+    assert staff and staff <= above["public"] and not staff & above["internal"]
     port = _free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
     before = len(_log(kb))
-    calls = 0
-    with _serving("mcp", "--http", f"127.0.0.1:{port}", "--config", str(kb), ready=f"http://127.0.0.1:{port}/mcp"):
-        async def session() -> None:
+    calls = refused = 0
+    with _serving("mcp", "--http", f"127.0.0.1:{port}", "--config", str(kb), ready=url):
+        # No key, or a key not in the file: 401 with the spec's WWW-Authenticate, and no tool runs.
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "search",
+                                                                            "arguments": {"query": SECRET}}}
+        for headers in ({}, {"Authorization": "Bearer not-a-key"}, {"Authorization": f"Basic {KEY_INTERNAL}"}):
+            answer = httpx.post(url, json=hello, headers={"Accept": "application/json, text/event-stream", **headers})
+            refused += 1
+            assert answer.status_code == 401 and SECRET not in answer.text, answer.text
+            assert answer.headers["www-authenticate"].startswith("Bearer ")
+            assert "resource_metadata=" in answer.headers["www-authenticate"]
+
+        meta = httpx.get(f"http://127.0.0.1:{port}/.well-known/oauth-protected-resource/mcp").json()
+        assert meta["resource"] == url
+        # A session belongs to the key that opened it: another key asking for it is told it does not exist.
+        opened = httpx.post(url, headers={"Accept": "application/json, text/event-stream",
+                                          "Authorization": f"Bearer {KEY_INTERNAL}"},
+                            json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                                "protocolVersion": "2025-06-18", "capabilities": {},
+                                "clientInfo": {"name": "test", "version": "1"}}})
+        assert opened.status_code == 200, opened.text
+        taken = httpx.post(url, json=hello, headers={"Accept": "application/json, text/event-stream",
+                                                     "Authorization": f"Bearer {KEY_PUBLIC}",
+                                                     "Mcp-Session-Id": opened.headers["mcp-session-id"]})
+        assert taken.status_code == 404 and SECRET not in taken.text and STAFF not in taken.text
+
+        async def wrong_key() -> None:
+            async with _keyed(url, "not-a-key") as client:
+                await client.call_tool("search", {"query": SECRET})
+
+        with pytest.raises(Exception):  # noqa: B017, PT011 - the SDK's client fails to connect on a 401, however it says so
+            asyncio.run(wrong_key())
+        refused += 1
+
+        async def session(key: str, clearance: str) -> set[str]:
             nonlocal calls
-            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            hidden = above[clearance] | expired
+            seen: set[str] = set()
+            async with _keyed(url, key) as client:
                 for text in (SECRET, STAFF, OLD):  # a chunk's own text is the strongest query for it
                     for mode in MODES:
                         for args in ({}, {"filters": {"access_level": ["internal", "confidential"]}},
@@ -202,9 +247,11 @@ def test_a_public_server_never_serves_internal_confidential_or_expired_chunks_wh
                             result = await client.call_tool("search", {"query": text, "mode": mode, "k": 10, **args})
                             calls += 1
                             served = [] if result.is_error else _hits(result)
-                            assert not {h["chunk_id"] for h in served} & hidden.keys(), (text, mode, args)
-                            assert all(h["metadata"]["access_level"] == "public" for h in served)
-                for chunk_id in hidden:
+                            seen |= {h["chunk_id"] for h in served}
+                            assert not {h["chunk_id"] for h in served} & hidden, (clearance, text, mode, args)
+                            assert all(ACCESS_LEVELS.index(h["metadata"]["access_level"]) <=
+                                       ACCESS_LEVELS.index(clearance) for h in served)
+                for chunk_id in sorted(hidden):
                     result = await client.call_tool("get_context", {"chunk_id": chunk_id})
                     calls += 1
                     assert result.is_error and "is available to this caller" in result.content[0].text
@@ -212,12 +259,22 @@ def test_a_public_server_never_serves_internal_confidential_or_expired_chunks_wh
                 calls += 1
                 assert missing.content[0].text.replace("no-such-chunk", "X") == result.content[0].text.replace(
                     chunk_id, "X"), "a hidden chunk and a missing one get the same answer"
+            return seen
 
-        asyncio.run(session())
+        assert not asyncio.run(session(KEY_PUBLIC, "public")) & staff
+        assert asyncio.run(session(KEY_INTERNAL, "internal")) & staff, "the staff key is answered at its clearance"
     lines = _log(kb)[before:]
-    assert len(lines) == calls, "one access-log line per call, refused ones too"
-    assert sum(line["denied"] for line in lines) >= len(hidden), "asking past the clearance is counted"
-    assert not {d for line in lines for d in line["doc_ids"]} & {r["doc_id"] for r in hidden.values()}
+    unknown = [line for line in lines if line["caller"] == "unknown"]
+    # The SDK's client may knock more than once before it gives up (discovery, then the handshake): each is a line.
+    assert len(unknown) >= refused and all(line["denied"] == 1 and line["error"].startswith("401") for line in unknown)
+    assert lines[: len(unknown)] == unknown, "the refusals came first"
+    keyed = lines[len(unknown):]
+    assert len(keyed) == calls, "one access-log line per tool call, refused ones too"
+    assert {line["caller"] for line in keyed} == {"public-bot", "staff-bot"}
+    hidden_docs = {r["doc_id"] for r in rows if r["chunk_id"] in above["internal"] | expired}
+    assert not {d for line in lines for d in line["doc_ids"]} & hidden_docs
+    assert not {d for line in lines if line["caller"] == "public-bot" for d in line["doc_ids"]} & {
+        r["doc_id"] for r in rows if r["chunk_id"] in staff}
 
 
 def test_the_http_api_answers_per_api_key_and_sees_a_run_published_while_it_serves(kb, tmp_path):
@@ -304,6 +361,20 @@ def test_the_servers_refuse_a_bad_clearance_or_address_before_serving(kb):
     assert bad.exit_code == 2 and "--http expects HOST:PORT" in bad.output
     bad = runner.invoke(app, ["api", "--clearance", "internal", "--config", str(kb)])
     assert bad.exit_code == 2 and "each key has its own" in bad.output, "a keys file and a server clearance clash"
+    bad = runner.invoke(app, ["mcp", "--http", "127.0.0.1:1", "--clearance", "internal", "--config", str(kb)])
+    assert bad.exit_code == 2 and "each key has its own" in bad.output
+    bad = runner.invoke(app, ["mcp", "--keys", str(kb.parent / "keys.yaml"), "--config", str(kb)])
+    assert bad.exit_code == 2 and "--keys is for --http" in bad.output
+    # Without keys, a server is the local user's alone: another address is refused unless the user insists.
+    open_config = kb.parent / "no-keys.yaml"
+    data = yaml.safe_load(kb.read_text(encoding="utf-8"))
+    data.pop("serving")
+    open_config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    for args in (["mcp", "--http", "0.0.0.0:1"], ["api", "--host", "0.0.0.0", "--port", "1"],
+                 ["mcp", "--http", "192.0.2.7:1"]):
+        bad = runner.invoke(app, [*args, "--config", str(open_config)])
+        assert bad.exit_code == 2 and "without a keys file would answer anyone" in bad.output, bad.output
+        assert "--insecure-no-auth" in bad.output
 
 
 def test_an_empty_store_and_an_unwritable_log_get_clear_answers(tmp_path):
@@ -324,3 +395,18 @@ def test_an_empty_store_and_an_unwritable_log_get_clear_answers(tmp_path):
     (tmp_path / "blocked").write_text("a file where the log's folder should be", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"serving.access_log: cannot write .*blocked/access.jsonl"):
         open_knowledge_base(cfg, tmp_path / "blocked" / "access.jsonl")
+
+
+def test_an_exposed_server_needs_keys_or_an_explicit_insecure_flag():
+    from query.service import check_exposure
+
+    for host in ("127.0.0.1", "localhost", "::1"):
+        assert check_exposure(host, None, False, "inlet mcp") is None, "loopback without keys: the local user's"
+    with pytest.raises(ConfigError, match="0.0.0.0 without a keys file"):
+        check_exposure("0.0.0.0", None, False, "inlet mcp")
+    warning = check_exposure("0.0.0.0", None, True, "inlet api")
+    assert warning and "WITHOUT AUTHENTICATION" in warning
+    from schemas.config import ApiKey, ApiKeys
+
+    keys = ApiKeys(keys=(ApiKey(caller="bot", sha256=hashlib.sha256(b"k").hexdigest(), clearance="public"),))
+    assert check_exposure("0.0.0.0", keys, False, "inlet mcp") is None, "with keys any address is served"
