@@ -74,9 +74,11 @@ class SearchResult:
 class SearchResults(list[SearchResult]):
     """The hits, best first, with notices about how they were found (fallbacks, skipped sides)."""
 
-    def __init__(self, hits: list[SearchResult] = (), notices: list[str] | None = None) -> None:
+    def __init__(self, hits: list[SearchResult] = (), notices: list[str] | None = None,
+                 version: int | None = None) -> None:
         super().__init__(hits)
         self.notices: list[str] = notices or []
+        self.version = version  # the chunks-table version every read of the search was made against
 
 
 Mode = Literal["vector", "fulltext", "hybrid"]
@@ -554,7 +556,7 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
             notices += [f"nothing matched the filters ({filters}); these results ignore them", *more]
         if half_life:
             hits = by_freshness(hits, modified_times(cfg), half_life, datetime.now(UTC).timestamp(), k)
-        return SearchResults(_with_neighbors(table, hits, neighbors), notices)
+        return SearchResults(_with_neighbors(table, hits, neighbors), notices, version)
 
     return _in_one_version(cfg, table, version, pinned, run)
 
@@ -606,6 +608,12 @@ def _in_one_version(cfg: InletConfig, table: lancedb.table.Table, version: int, 
     except _RowsMoved:
         pass
     return _in_one_version(cfg, _pinned(str(cfg.store.uri), cfg.store.chunks_table, version), version, True, run)
+
+
+def in_published_version(cfg: InletConfig, run: Callable[[lancedb.table.Table, int], T]) -> T:
+    """Run run(table, version) against the published version alone: again, pinned, if a run committed meanwhile."""
+    table, version, pinned = _published_table(cfg, None)
+    return _in_one_version(cfg, table, version, pinned, run)
 
 
 def warm(config: InletConfig | str | Path = DEFAULT_CONFIG, variant: str | None = None) -> None:

@@ -25,6 +25,7 @@ from query.search import (
     SELECTED,
     Mode,
     SearchResult,
+    in_published_version,
     modified_times,
     published_table,
     quote,
@@ -190,7 +191,8 @@ class KnowledgeBase:
                 hits = kept
             served.doc_ids |= {h.doc_id for h in hits}
             served.chunks = len(hits)
-            return SearchAnswer(hits=[_hit(h, h.score) for h in hits], notices=results.notices)
+            return SearchAnswer(hits=[_hit(h, h.score) for h in hits], notices=results.notices,
+                                version=results.version)
 
     def _levels(self, doc_ids: list[str]) -> dict[str, str]:
         """Each document's access level in the published version now (documents gone since are absent)."""
@@ -213,25 +215,34 @@ class KnowledgeBase:
             if not 0 <= neighbors <= MAX_NEIGHBORS:
                 msg = f"neighbors must be between 0 and {MAX_NEIGHBORS}"
                 raise QueryError(msg)
-            table, version = published_table(self.cfg)
-            guard = visible_clause(table, str(self.cfg.store.uri), version, caller.clearance)
-            rows = self._rows(table, f"({guard}) AND chunk_id = {quote(chunk_id)}", 1)
-            if not rows:
+
+            def read(table: lancedb.table.Table, version: int) -> tuple[ContextAnswer | None, bool]:
+                """The chunk with its neighbours from one version (else None, and whether it exists but is hidden)."""
+                guard = visible_clause(table, str(self.cfg.store.uri), version, caller.clearance)
+                rows = self._rows(table, f"({guard}) AND chunk_id = {quote(chunk_id)}", 1)
+                if not rows:
+                    return None, bool(self._rows(table, f"chunk_id = {quote(chunk_id)}", 1))
+                chunk = result_of(rows[0], 0.0)
+                index = chunk.metadata["chunk_index"]
+                near = self._rows(table, f"({guard}) AND doc_id = {quote(chunk.doc_id)} AND chunk_index BETWEEN "
+                                         f"{index - neighbors} AND {index + neighbors} AND chunk_id != "
+                                         f"{quote(chunk_id)}", None)
+                near.sort(key=lambda r: r["chunk_index"])
+                return ContextAnswer(chunk=_hit(chunk, None),
+                                     before=[_neighbor(r) for r in near if r["chunk_index"] < index],
+                                     after=[_neighbor(r) for r in near if r["chunk_index"] > index],
+                                     version=version), False
+
+            # Read again from a table pinned to the version begun with if a run committed meanwhile: one version.
+            answer, hidden = in_published_version(self.cfg, read)
+            if answer is None:
                 # The same answer whether the chunk is missing, expired or above the clearance: nothing leaks.
-                served.denied += bool(self._rows(table, f"chunk_id = {quote(chunk_id)}", 1))
+                served.denied += hidden
                 msg = f"no chunk '{chunk_id}' is available to this caller"
                 raise NotAvailableError(msg)
-            chunk = result_of(rows[0], 0.0)
-            index = chunk.metadata["chunk_index"]
-            near = self._rows(table, f"({guard}) AND doc_id = {quote(chunk.doc_id)} AND chunk_index BETWEEN "
-                                     f"{index - neighbors} AND {index + neighbors} AND chunk_id != {quote(chunk_id)}",
-                              None)
-            near.sort(key=lambda r: r["chunk_index"])
-            served.doc_ids.add(chunk.doc_id)
-            served.chunks = 1 + len(near)
-            return ContextAnswer(chunk=_hit(chunk, None),
-                                 before=[_neighbor(r) for r in near if r["chunk_index"] < index],
-                                 after=[_neighbor(r) for r in near if r["chunk_index"] > index])
+            served.doc_ids.add(answer.chunk.doc_id)
+            served.chunks = 1 + len(answer.before) + len(answer.after)
+            return answer
 
     @staticmethod
     def _rows(table: lancedb.table.Table, where: str, limit: int | None) -> list[dict]:

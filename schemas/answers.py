@@ -53,6 +53,7 @@ class SearchAnswer(BaseModel):
 
     hits: list[Hit]
     notices: list[str] = Field(default_factory=list, description="Fallbacks and skipped sides of the search.")
+    version: int | None = Field(None, description="The chunks-table version every hit and neighbour was read from.")
 
 
 class ContextAnswer(BaseModel):
@@ -61,6 +62,8 @@ class ContextAnswer(BaseModel):
     chunk: Hit
     before: list[NeighborOut] = Field(description="Up to `neighbors` preceding chunks, in order.")
     after: list[NeighborOut] = Field(description="Up to `neighbors` following chunks, in order.")
+    version: int | None = Field(None, description="The chunks-table version the chunk and its neighbours were read "
+                                "from.")
 
 
 class SourceInfo(BaseModel):

@@ -304,6 +304,8 @@ def test_the_http_api_answers_per_api_key_and_sees_a_run_published_while_it_serv
         assert httpx.get(f"{url}/context/no-such-chunk", headers=staff).status_code == 404
         sources = httpx.get(f"{url}/sources", headers=public).json()
         first_run = sources["published_run"]
+        assert httpx.post(f"{url}/search", json=question, headers=public).json()["version"] == sources[
+            "published_version"], "an answer names the version it was read from"
 
         # A run is published while the server runs: the next request reads it, no restart.
         corpus = Path(load_config(kb).sources[0].path)
@@ -319,7 +321,7 @@ def test_the_http_api_answers_per_api_key_and_sees_a_run_published_while_it_serv
             (corpus / "tides.md").unlink()
             ingest(config_path=str(kb))
     lines = _log(kb)[before:]
-    assert len(lines) == 10, "one line per request: 2 refused for want of a key, 1 for its schema, 7 answered"
+    assert len(lines) == 11, "one line per request: 2 refused for want of a key, 1 for its schema, 8 answered"
     assert [line["caller"] for line in lines[:2]] == ["unknown", "unknown"] and lines[0]["denied"] == 1
     assert {line["caller"] for line in lines[2:]} == {"public-bot", "staff-bot"}
 

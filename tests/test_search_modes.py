@@ -345,3 +345,31 @@ def test_a_search_reads_one_version_while_a_run_commits_between_its_reads(store,
     hits = search("gelcoat hardener", k=3, mode="hybrid", config=store)
     assert len(calls) == 2, "read again after the commit"
     assert hits and "REWRITTEN" not in {h.text for h in hits}, "every hit from the published version it began with"
+
+
+def test_an_answer_names_its_version_and_get_context_reads_one_while_a_run_commits(store, monkeypatch):
+    from query.service import Caller, KnowledgeBase, open_knowledge_base
+
+    cfg = load_config(store)
+    kb = open_knowledge_base(cfg, store.parent / "access.jsonl")
+    who = Caller("test", "public")
+    published = kb.published_version()
+    found = kb.search(who, "gelcoat hardener", k=2, mode="hybrid")
+    assert found.hits and found.version == published
+    assert kb.search(who, "gelcoat hardener", k=1, mode="vector", as_of=str(published - 1)).version == published - 1
+    chunk = found.hits[0].chunk_id
+    # A commit lands after the chunk was read and before its neighbours are: both still come from one version.
+    rows, calls = KnowledgeBase._rows, []
+
+    def commit_between(table, where, limit):  # noqa: ANN001, ANN202 - the patched staticmethod's own signature
+        if len(calls) == 1:
+            writer = lancedb.connect(str(cfg.store.uri)).open_table("chunks")
+            writer.update(where="access_level = 'public'", values={"text": "REWRITTEN"})
+        calls.append(where)
+        return rows(table, where, limit)
+
+    monkeypatch.setattr(KnowledgeBase, "_rows", staticmethod(commit_between))
+    answer = kb.get_context(who, chunk, neighbors=3)
+    assert len(calls) == 4, "read again, pinned, after the commit"
+    assert answer.version == published and answer.before + answer.after
+    assert "REWRITTEN" not in {answer.chunk.text, *(n.text for n in answer.before + answer.after)}
