@@ -101,6 +101,8 @@ def build_store(work: Path, embedder: str, files: int | None, env: dict[str, str
         shipped["store"] = {**shipped.get("store", {}), "uri": "store/lancedb", "artifacts": "store/runs"}
         if embedder != "e5":
             shipped["embedding"] = {**shipped.get("embedding", {}), "kind": embedder}
+        # The reader polls `inlet api` every 10-20 ms to see a change the moment it is searchable: no rate limit.
+        shipped["serving"] = {**shipped.get("serving", {}), "rate_limit": None}
         config.write_text(yaml.safe_dump(shipped), encoding="utf-8")
         begin = time.perf_counter()
         subprocess.run([sys.executable, "-m", "inlet.cli", "ingest", "--quiet", "--config", str(config)], env=env,

@@ -576,7 +576,7 @@ def mcp(
     if address is None:
         server.run("stdio")
     else:
-        serve_http(server, kb, *address)
+        serve_http(server, kb, *address, who, api_keys)
 
 
 @app.command()
@@ -593,6 +593,7 @@ def api(
     """Serve the knowledge base as an HTTP JSON API: POST /search, GET /context/ID, /sources, /versions; docs at /docs."""
     import uvicorn
 
+    from query.guard import callers_of, guarded
     from query.http_api import build_app
     from query.service import Caller
     from schemas.config import load_api_keys
@@ -610,7 +611,8 @@ def api(
     typer.echo(f"inlet api: http://{host}:{port} (docs at /docs), "
                f"{f'{len(api_keys.keys)} API keys' if api_keys else f'caller {who.name}, clearance {who.clearance}'}"
                f", access log {kb.log.path}", err=True)
-    uvicorn.run(build_app(kb, who, api_keys), host=host, port=port, log_level="warning")
+    uvicorn.run(guarded(build_app(kb, who, api_keys), kb, who, callers_of(api_keys)), host=host, port=port,
+                log_level="warning")
 
 
 if __name__ == "__main__":

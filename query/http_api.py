@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
+from query.guard import callers_of
 from query.service import MAX_NEIGHBORS, Caller, KnowledgeBase, Served
 from schemas.answers import ContextAnswer, Filters, SearchAnswer, SourcesAnswer, VersionsAnswer
 from schemas.config import ApiKeys
@@ -40,7 +41,7 @@ class SearchRequest(BaseModel):
 
 def build_app(kb: KnowledgeBase, default: Caller, keys: ApiKeys | None = None) -> FastAPI:
     """The API over kb: callers by API key when keys are given, else every request is default."""
-    by_hash = {k.sha256: Caller(k.caller, k.clearance) for k in keys.keys} if keys else {}
+    by_hash = callers_of(keys) or {}
     bearer = HTTPBearer(auto_error=False, description="An API key from the server's keys file."
                         if keys else "Not needed: this server has no keys file.")
     app = FastAPI(title="Inlet knowledge base", version="1",

@@ -26,6 +26,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
+from query.guard import callers_of
 from query.service import MAX_NEIGHBORS, Caller, KnowledgeBase, Served, watch_call
 from schemas.answers import ContextAnswer, Filters, SearchAnswer, SourcesAnswer, VersionsAnswer
 from schemas.config import ApiKeys
@@ -70,7 +71,7 @@ class KeyVerifier:
     """
 
     def __init__(self, keys: ApiKeys) -> None:
-        self.callers = {k.sha256: Caller(k.caller, k.clearance) for k in keys.keys}
+        self.callers = callers_of(keys) or {}
 
     async def verify_token(self, token: str) -> AccessToken | None:
         """The key's access token, or None for a token not in the file (the SDK then answers 401)."""
@@ -207,10 +208,14 @@ def log_refusals(app: Any, kb: KnowledgeBase) -> Any:
     return logged
 
 
-def serve_http(server: MCPServer, kb: KnowledgeBase, host: str, port: int) -> None:
-    """Serve streamable HTTP at http://HOST:PORT/mcp with uvicorn, refusals logged."""
+def serve_http(server: MCPServer, kb: KnowledgeBase, host: str, port: int, caller: Caller,
+               keys: ApiKeys | None) -> None:
+    """Serve streamable HTTP at http://HOST:PORT/mcp with uvicorn: size and rate limits first, refusals logged."""
     import uvicorn
 
+    from query.guard import guarded
+
     app = server.streamable_http_app(host=host)
-    uvicorn.run(log_refusals(app, kb), host=host, port=port, log_level="warning")
+    uvicorn.run(guarded(log_refusals(app, kb), kb, caller, callers_of(keys)), host=host, port=port,
+                log_level="warning")
 

@@ -173,6 +173,9 @@ class KnowledgeBase:
             if not 1 <= k <= self.cfg.serving.max_k:
                 msg = f"k must be between 1 and {self.cfg.serving.max_k}"
                 raise QueryError(msg)
+            if len(query) > self.cfg.serving.max_query_chars:
+                msg = f"the query is {len(query)} characters long: at most {self.cfg.serving.max_query_chars}"
+                raise QueryError(msg)
             filters = _check_filters(filters)
             if filters and "access_level" in filters:  # asking for more than the clearance is counted, not served
                 wanted = filters["access_level"] if isinstance(filters["access_level"], list) else [

@@ -475,6 +475,27 @@ class ServingConfig(_Strict):
     api_keys: Path | None = Field(None, description="YAML file of API keys for `inlet api`: keys: [{caller, sha256, "
                                   "clearance}], relative to the config file's folder; None: no key asked.")
     max_k: int = Field(50, ge=1, le=1000, description="Most hits one search may return.")
+    max_query_chars: int = Field(2000, ge=1, description="Longest query a search takes, in characters (longer: "
+                                 "refused with a message).")
+    rate_limit: str | None = Field("600/minute", description="Requests one caller (an API key, or a client address "
+                                   "on a server without keys) may make to `inlet api` or `inlet mcp --http`, e.g. "
+                                   "'600/minute' or '20/second'; past it, 429 with Retry-After. None: no limit.")
+    max_body_bytes: int = Field(65536, ge=1024, description="Largest request body either HTTP server reads "
+                                "(larger: 413).")
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        from limits import parse  # the library that counts it (query/guard.py)
+
+        try:
+            parse(value)
+        except ValueError:
+            msg = f"'{value}' is not a rate such as '600/minute', '20/second' or '10000/hour'"
+            raise ValueError(msg) from None
+        return value
 
 
 class MaintenanceConfig(_Strict):

@@ -1,0 +1,93 @@
+"""The limits both servers apply before any read (query/guard.py): per-caller rate, body size, query length."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from query.guard import callers_of, guarded
+from query.http_api import build_app
+from query.mcp_server import build_server, log_refusals
+from query.service import Caller, KnowledgeBase, open_knowledge_base
+from schemas.config import ApiKey, ApiKeys, parse_config
+from schemas.errors import ConfigError
+
+KEY_A, KEY_B = "first-key-0001", "second-key-0002"
+KEYS = ApiKeys(keys=(ApiKey(caller="a", sha256=hashlib.sha256(KEY_A.encode()).hexdigest(), clearance="public"),
+                     ApiKey(caller="b", sha256=hashlib.sha256(KEY_B.encode()).hexdigest(), clearance="internal")))
+
+
+def _kb(tmp_path: Path, **serving: object) -> KnowledgeBase:
+    cfg = parse_config({"sources": [{"name": "s", "path": str(tmp_path)}], "embedding": {"kind": "hashing", "dim": 8},
+                        "store": {"uri": str(tmp_path / "lancedb"), "artifacts": str(tmp_path / "runs")},
+                        "serving": serving}, origin="test").resolved(tmp_path)
+    return open_knowledge_base(cfg, tmp_path / "access.jsonl")
+
+
+def _log(tmp_path: Path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "access.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def _api(kb: KnowledgeBase, keys: ApiKeys | None = KEYS) -> TestClient:
+    who = Caller("app", "public")
+    return TestClient(guarded(build_app(kb, who, keys), kb, who, callers_of(keys)))
+
+
+def test_each_key_has_its_own_rate_and_past_it_gets_429_with_retry_after(tmp_path):
+    kb = _kb(tmp_path, rate_limit="3/minute")
+    client = _api(kb)
+    a, b = {"Authorization": f"Bearer {KEY_A}"}, {"Authorization": f"Bearer {KEY_B}"}
+    assert [client.get("/sources", headers=a).status_code for _ in range(3)] == [200, 200, 200]
+    over = client.get("/sources", headers=a)
+    assert over.status_code == 429 and "at most 3/minute per caller" in over.json()["detail"]
+    assert 1 <= int(over.headers["retry-after"]) <= 60
+    assert client.get("/sources", headers=b).status_code == 200, "another key's allowance is its own"
+    refused = [line for line in _log(tmp_path) if line["error"] and line["error"].startswith("429")]
+    assert [line["caller"] for line in refused] == ["a"]
+
+
+def test_without_keys_the_rate_is_per_client_address_and_none_turns_it_off(tmp_path):
+    client = _api(_kb(tmp_path, rate_limit="2/minute"), keys=None)
+    assert [client.get("/sources").status_code for _ in range(3)] == [200, 200, 429]
+    unlimited = _api(_kb(tmp_path / "free", rate_limit=None), keys=None)
+    assert {unlimited.get("/sources").status_code for _ in range(20)} == {200}
+
+
+def test_a_body_over_the_limit_is_refused_whole_or_streamed_and_a_long_query_gets_400(tmp_path):
+    kb = _kb(tmp_path, max_body_bytes=1024, max_query_chars=100)
+    client = _api(kb, keys=None)
+    big = {"query": "x" * 2000}
+    assert client.post("/search", json=big).status_code == 413
+    streamed = client.post("/search", content=iter([json.dumps(big).encode()[:600], json.dumps(big).encode()[600:]]),
+                           headers={"Content-Type": "application/json"})
+    assert streamed.status_code == 413 and "serving.max_body_bytes" in streamed.json()["detail"]
+    long = client.post("/search", json={"query": "y" * 101})
+    assert long.status_code == 400 and "at most 100" in long.json()["detail"]
+    assert [line["error"][:3] for line in _log(tmp_path)] == ["413", "413", "Que"]
+
+
+def test_the_mcp_server_is_behind_the_same_limits(tmp_path):
+    kb = _kb(tmp_path, rate_limit="2/minute")
+    who = Caller("agent", "public")
+    url = "http://127.0.0.1:8766/mcp"
+    app = guarded(log_refusals(build_server(kb, who, KEYS, url).streamable_http_app(host="127.0.0.1"), kb), kb, who,
+                  callers_of(KEYS))
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}
+    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {KEY_A}"}
+    with TestClient(app, base_url="http://127.0.0.1:8766") as client:
+        codes = [client.post("/mcp", json=hello, headers=headers).status_code for _ in range(3)]
+        assert codes == [200, 200, 429]
+        assert client.post("/mcp", json=hello, headers={**headers, "Authorization": f"Bearer {KEY_B}"}
+                           ).status_code == 200
+        assert client.post("/mcp", content=b"{" + b" " * 70000 + b"}",
+                           headers={**headers, "Authorization": f"Bearer {KEY_B}"}).status_code == 413
+
+
+def test_a_rate_limit_that_is_not_a_rate_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"serving.rate_limit.*'lots' is not a rate"):
+        _kb(tmp_path, rate_limit="lots")
