@@ -12,7 +12,7 @@ from typing import Annotated, Literal, TypeVar
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
@@ -67,12 +67,17 @@ def build_app(kb: KnowledgeBase, default: Caller, keys: ApiKeys | None = None) -
     Who = Annotated[Caller, Depends(caller)]
 
     @app.exception_handler(RequestValidationError)
-    async def refused(request: Request, exc: RequestValidationError) -> JSONResponse:
-        """Log a request its schema refused (one line per call), then answer 422 as FastAPI would."""
+    async def refused(request: Request, exc: RequestValidationError) -> Response:
+        """Log a request its schema refused (one line per call), then answer 422 as FastAPI would.
+
+        The body is ASCII-escaped JSON: the errors echo the input, which may hold a lone surrogate (a JSON string
+        can; UTF-8 cannot), and JSONResponse's UTF-8 rendering failed on it (a 500, found by tests/test_serving_fuzz.py).
+        """
         credentials = await bearer(request)
         who = caller_of(credentials) or UNKNOWN
-        kb.log.write(who, request.url.path, json.dumps(exc.errors(), default=str), Served(), "422: invalid request")
-        return JSONResponse({"detail": json.loads(json.dumps(exc.errors(), default=str))}, status_code=422)
+        errors = json.dumps(exc.errors(), default=str)
+        kb.log.write(who, request.url.path, errors, Served(), "422: invalid request")
+        return Response(f'{{"detail": {errors}}}', status_code=422, media_type="application/json")
 
     def answer(fn: Callable[..., T], *args: object) -> T:
         """Run an operation, Inlet's errors as HTTP statuses."""

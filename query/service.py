@@ -111,12 +111,13 @@ class AccessLog:
         """Append a call's line; the query's text only when log_queries is on."""
         line = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), "caller": caller.name,
                 "clearance": caller.clearance, "tool": tool,
-                "query_sha256": hashlib.sha256(query.encode()).hexdigest(),
+                # surrogatepass: a request's JSON may carry a lone surrogate (\ud800), which is text, not UTF-8
+                "query_sha256": hashlib.sha256(query.encode("utf-8", "surrogatepass")).hexdigest(),
                 "doc_ids": sorted(served.doc_ids), "chunks": served.chunks, "denied": served.denied,
                 "error": error}
         if self.log_queries:
             line["query"] = query
-        with self._lock, self.path.open("a", encoding="utf-8") as out:
+        with self._lock, self.path.open("a", encoding="utf-8", errors="backslashreplace") as out:
             out.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
         holder = _CALL.get()
         if holder is not None:
