@@ -593,9 +593,9 @@ def api(
     """Serve the knowledge base as an HTTP JSON API: POST /search, GET /context/ID, /sources, /versions; docs at /docs."""
     import uvicorn
 
-    from query.guard import callers_of, guarded
+    from query.guard import guarded
     from query.http_api import build_app
-    from query.service import Caller
+    from query.service import Caller, callers_of
     from schemas.config import load_api_keys
 
     try:

@@ -9,35 +9,24 @@ restart forgets it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from limits import RateLimitItem, parse
+from limits import parse
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
-from query.service import Caller, KnowledgeBase, Served
-from schemas.config import ApiKeys
+from query.service import UNKNOWN, Caller, KnowledgeBase, Served, key_digest
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def callers_of(keys: ApiKeys | None) -> dict[str, Caller] | None:
-    """A keys file's callers by their key's sha256; None for a server without keys."""
-    return {k.sha256: Caller(k.caller, k.clearance) for k in keys.keys} if keys else None
-
-
-def rate_item(text: str) -> RateLimitItem:
-    """serving.rate_limit as the limits library reads it ("600/minute", "10/second")."""
-    return parse(text)
+WITH_BODY = ("POST", "PUT", "PATCH")
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -51,7 +40,7 @@ def who_asks(scope: Scope, callers: dict[str, Caller] | None) -> tuple[str, Call
     """The rate-limit key of a request (its bearer key's sha256, else its client address) and its known caller."""
     auth = _header(scope, b"authorization") or ""
     if auth.lower().startswith("bearer "):
-        digest = hashlib.sha256(auth[7:].encode()).hexdigest()
+        digest = key_digest(auth[7:])
         return f"key:{digest}", (callers or {}).get(digest)
     client = scope.get("client") or ("?", 0)
     return f"addr:{client[0]}", None
@@ -74,15 +63,14 @@ def guarded(app: App, kb: KnowledgeBase, default: Caller, callers: dict[str, Cal
     """
     serving = kb.cfg.serving
     limiter = MovingWindowRateLimiter(MemoryStorage())
-    item = rate_item(serving.rate_limit) if serving.rate_limit else None
-    unknown = Caller("unknown", "public")
+    item = parse(serving.rate_limit) if serving.rate_limit else None
 
     async def guard(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
         key, known = who_asks(scope, callers)
-        caller = known or (default if callers is None else unknown)
+        caller = known or (default if callers is None else UNKNOWN)
         path = scope.get("path", "")
         if item is not None and not limiter.hit(item, key):
             reset = limiter.get_window_stats(item, key).reset_time
@@ -91,37 +79,39 @@ def guarded(app: App, kb: KnowledgeBase, default: Caller, callers: dict[str, Cal
             await _refuse(send, 429, f"too many requests: at most {serving.rate_limit} per caller; retry in {wait} s",
                           {"Retry-After": str(wait)})
             return
+        if scope.get("method") not in WITH_BODY:
+            await app(scope, receive, send)
+            return
         # The body is read whole here (up to the limit) and handed on: a refusal needs no help from the app.
         declared = _header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > serving.max_body_bytes:
-            await _too_large(send, kb, caller, path, serving.max_body_bytes)
-            return
-        chunks: list[bytes] = []
-        size = 0
-        more = scope.get("method") in ("POST", "PUT", "PATCH")
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                await app(scope, _replay([message]), send)
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > serving.max_body_bytes:
-                await _too_large(send, kb, caller, path, serving.max_body_bytes)
-                return
-            more = message.get("more_body", False)
-        if scope.get("method") in ("POST", "PUT", "PATCH"):
-            await app(scope, _replay([{"type": "http.request", "body": b"".join(chunks), "more_body": False}], receive),
-                      send)
+        body, gone = (None, None) if declared and declared.isdigit() and int(declared) > serving.max_body_bytes \
+            else await _whole_body(receive, serving.max_body_bytes)
+        if gone is not None:  # the client went away: the app sees it as it would have
+            await app(scope, _replay([gone]), send)
+        elif body is None:
+            kb.log.write(caller, path, "", Served(), f"413: body over serving.max_body_bytes ({serving.max_body_bytes})")
+            await _refuse(send, 413, f"request body too large: at most {serving.max_body_bytes} bytes "
+                          "(serving.max_body_bytes)")
         else:
-            await app(scope, receive, send)
+            await app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}], receive), send)
 
     return guard
 
 
-async def _too_large(send: Send, kb: KnowledgeBase, caller: Caller, path: str, limit: int) -> None:
-    kb.log.write(caller, path, "", Served(), f"413: body over serving.max_body_bytes ({limit})")
-    await _refuse(send, 413, f"request body too large: at most {limit} bytes (serving.max_body_bytes)")
+async def _whole_body(receive: Receive, limit: int) -> tuple[bytes | None, Message | None]:
+    """Read a request's body: (body, None); (None, None) once it passes limit bytes; (None, message) if the client left."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None, message
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > limit:
+            return None, None
+        if not message.get("more_body", False):
+            return b"".join(chunks), None
 
 
 def _replay(messages: list[Message], then: Receive | None = None) -> Receive:

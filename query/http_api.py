@@ -5,7 +5,6 @@ request without a known key gets 401 and nothing else. Without one, every reques
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations, and Who is a local.
-import hashlib
 import json
 from collections.abc import Callable
 from typing import Annotated, Literal, TypeVar
@@ -16,14 +15,12 @@ from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
-from query.guard import callers_of
-from query.service import MAX_NEIGHBORS, Caller, KnowledgeBase, Served
+from query.service import MAX_NEIGHBORS, UNKNOWN, Caller, KnowledgeBase, Served, callers_of, key_digest
 from schemas.answers import ContextAnswer, Filters, SearchAnswer, SourcesAnswer, VersionsAnswer
 from schemas.config import ApiKeys
 from schemas.errors import InletError, NotAvailableError, QueryError
 
 T = TypeVar("T")
-UNKNOWN = Caller("unknown", "public")  # the access log's name for a request without a valid key
 
 
 class SearchRequest(BaseModel):
@@ -52,7 +49,7 @@ def build_app(kb: KnowledgeBase, default: Caller, keys: ApiKeys | None = None) -
             return default
         if credentials is None:
             return None
-        return by_hash.get(hashlib.sha256(credentials.credentials.encode()).hexdigest())
+        return by_hash.get(key_digest(credentials.credentials))
 
     async def caller(request: Request,
                      credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Caller:

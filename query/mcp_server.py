@@ -10,7 +10,6 @@ listening for it (the protocol's subscriptions/listen) is told within NOTICE_S o
 
 # No `from __future__ import annotations`: the SDK reads the tools' annotations at definition, and k's bound
 # is a local.
-import hashlib
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,8 +25,16 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from query.guard import callers_of
-from query.service import MAX_NEIGHBORS, Caller, KnowledgeBase, Served, watch_call
+from query.service import (
+    MAX_NEIGHBORS,
+    UNKNOWN,
+    Caller,
+    KnowledgeBase,
+    Served,
+    callers_of,
+    key_digest,
+    watch_call,
+)
 from schemas.answers import ContextAnswer, Filters, SearchAnswer, SourcesAnswer, VersionsAnswer
 from schemas.config import ApiKeys
 from schemas.errors import InletError
@@ -40,7 +47,6 @@ INSTRUCTIONS = ("Search the documents Inlet keeps fresh. Call search first; cite
 
 
 KB_URI = "inlet://knowledge-base"
-UNKNOWN = Caller("unknown", "public")  # the access log's name for a request without a valid key
 NOTICE_S = 0.5  # how often the served version is read for change notices (one small manifest read)
 
 
@@ -75,7 +81,7 @@ class KeyVerifier:
 
     async def verify_token(self, token: str) -> AccessToken | None:
         """The key's access token, or None for a token not in the file (the SDK then answers 401)."""
-        digest = hashlib.sha256(token.encode()).hexdigest()
+        digest = key_digest(token)
         return AccessToken(token=token, client_id=digest, scopes=[]) if digest in self.callers else None
 
     def caller(self, token: AccessToken | None) -> Caller | None:
@@ -218,4 +224,3 @@ def serve_http(server: MCPServer, kb: KnowledgeBase, host: str, port: int, calle
     app = server.streamable_http_app(host=host)
     uvicorn.run(guarded(log_refusals(app, kb), kb, caller, callers_of(keys)), host=host, port=port,
                 log_level="warning")
-

@@ -93,6 +93,19 @@ class Served:
     denied: int = 0
 
 
+UNKNOWN = Caller("unknown", "public")  # the access log's name for a request without a valid key
+
+
+def key_digest(key: str) -> str:
+    """An API key as the keys file knows it: its sha256, in hex."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def callers_of(keys: ApiKeys | None) -> dict[str, Caller] | None:
+    """A keys file's callers by their key's sha256; None for a server without keys."""
+    return {k.sha256: Caller(k.caller, k.clearance) for k in keys.keys} if keys else None
+
+
 class AccessLog:
     """One JSON line per call: time, caller, clearance, tool, the query's sha256, documents served, denials."""
 

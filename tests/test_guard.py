@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from query.guard import callers_of, guarded
+from query.guard import guarded
 from query.http_api import build_app
 from query.mcp_server import build_server, log_refusals
-from query.service import Caller, KnowledgeBase, open_knowledge_base
+from query.service import Caller, KnowledgeBase, callers_of, open_knowledge_base
 from schemas.config import ApiKey, ApiKeys, parse_config
 from schemas.errors import ConfigError
 

@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from mcp import Client
 
 from flows.ingest import ingest
-from query.guard import callers_of, guarded
+from query.guard import guarded
 from query.http_api import build_app
 from query.mcp_server import build_server
-from query.service import Caller, open_knowledge_base
+from query.service import Caller, callers_of, open_knowledge_base
 from schemas.config import load_api_keys, load_config
 
 pytestmark = [pytest.mark.flow]
