@@ -1,8 +1,10 @@
-"""What `inlet api` and `inlet mcp --http` refuse before any read: a body too large, a caller asking too often.
+"""What `inlet api` and `inlet mcp --http` refuse before any read: a body too large or too slow, a caller asking too often.
 
 One ASGI wrapper in front of both servers, so that both refuse alike: a request body over
-serving.max_body_bytes gets 413; a caller over serving.rate_limit (per API key, or per client address on a
-server without keys) gets 429 with Retry-After. Each refusal is a line in the access log. The counting is the
+serving.max_body_bytes gets 413, one not received within serving.timeout_s 408; a caller over serving.rate_limit
+(per API key, or per client address on a server without keys) gets 429 with Retry-After. Each refusal is a line
+in the access log. (An answer that takes longer than serving.timeout_s is the operations' own limit:
+KnowledgeBase.in_time.) The counting is the
 `limits` library's moving window (the library slowapi is built on), in this process's memory: a server
 restart forgets it.
 """
@@ -15,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+import anyio
 from limits import parse
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
@@ -84,9 +87,18 @@ def guarded(app: App, kb: KnowledgeBase, default: Caller, callers: dict[str, Cal
             return
         # The body is read whole here (up to the limit) and handed on: a refusal needs no help from the app.
         declared = _header(scope, b"content-length")
-        body, gone = (None, None) if declared and declared.isdigit() and int(declared) > serving.max_body_bytes \
-            else await _whole_body(receive, serving.max_body_bytes)
-        if gone is not None:  # the client went away: the app sees it as it would have
+        body, gone, late = None, None, False
+        if not (declared and declared.isdigit() and int(declared) > serving.max_body_bytes):
+            late = True
+            with anyio.move_on_after(serving.timeout_s):  # a client that trickles its body holds a connection
+                body, gone = await _whole_body(receive, serving.max_body_bytes)
+                late = False
+        if late:
+            kb.log.write(caller, path, "", Served(), f"408: body not received within serving.timeout_s "
+                         f"({serving.timeout_s:g} s)")
+            await _refuse(send, 408, f"request body not received within {serving.timeout_s:g} s (serving.timeout_s)",
+                          {"Connection": "close"})
+        elif gone is not None:  # the client went away: the app sees it as it would have
             await app(scope, _replay([gone]), send)
         elif body is None:
             kb.log.write(caller, path, "", Served(), f"413: body over serving.max_body_bytes ({serving.max_body_bytes})")

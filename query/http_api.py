@@ -18,9 +18,10 @@ from pydantic import BaseModel, Field
 from query.service import MAX_NEIGHBORS, UNKNOWN, Caller, KnowledgeBase, Served, callers_of, key_digest
 from schemas.answers import ContextAnswer, Filters, SearchAnswer, SourcesAnswer, VersionsAnswer
 from schemas.config import ApiKeys
-from schemas.errors import InletError, NotAvailableError, QueryError
+from schemas.errors import AnswerTimeoutError, InletError, NotAvailableError, QueryError
 
 T = TypeVar("T")
+RETRY_AFTER_S = 5  # after a 503 for serving.timeout_s: long enough for a busy moment to pass
 
 
 class SearchRequest(BaseModel):
@@ -76,10 +77,12 @@ def build_app(kb: KnowledgeBase, default: Caller, keys: ApiKeys | None = None) -
         kb.log.write(who, request.url.path, errors, Served(), "422: invalid request")
         return Response(f'{{"detail": {errors}}}', status_code=422, media_type="application/json")
 
-    def answer(fn: Callable[..., T], *args: object) -> T:
-        """Run an operation, Inlet's errors as HTTP statuses."""
+    async def answer(who: Caller, fn: Callable[..., T], *args: object) -> T:
+        """Run an operation for who within serving.timeout_s, Inlet's errors as HTTP statuses."""
         try:
-            return fn(*args)
+            return await kb.in_time(who, fn, *args)
+        except AnswerTimeoutError as exc:
+            raise HTTPException(503, str(exc), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except NotAvailableError as exc:
             raise HTTPException(404, str(exc)) from None
         except QueryError as exc:
@@ -88,20 +91,20 @@ def build_app(kb: KnowledgeBase, default: Caller, keys: ApiKeys | None = None) -
             raise HTTPException(503, str(exc)) from None
 
     @app.post("/search", response_model=SearchAnswer, summary="The chunks that best answer a query, with citations")
-    def search(body: SearchRequest, who: Who) -> SearchAnswer:
-        return answer(kb.search, who, body.query, body.k, body.filters, body.mode, body.as_of)
+    async def search(body: SearchRequest, who: Who) -> SearchAnswer:
+        return await answer(who, kb.search, body.query, body.k, body.filters, body.mode, body.as_of)
 
     @app.get("/context/{chunk_id}", response_model=ContextAnswer, summary="A chunk with its neighbours, in order")
-    def get_context(chunk_id: str, who: Who,
-                    neighbors: Annotated[int, Query(ge=0, le=MAX_NEIGHBORS)] = 1) -> ContextAnswer:
-        return answer(kb.get_context, who, chunk_id, neighbors)
+    async def get_context(chunk_id: str, who: Who,
+                          neighbors: Annotated[int, Query(ge=0, le=MAX_NEIGHBORS)] = 1) -> ContextAnswer:
+        return await answer(who, kb.get_context, chunk_id, neighbors)
 
     @app.get("/sources", response_model=SourcesAnswer, summary="What is indexed, and how fresh it is")
-    def list_sources(who: Who) -> SourcesAnswer:
-        return answer(kb.list_sources, who)
+    async def list_sources(who: Who) -> SourcesAnswer:
+        return await answer(who, kb.list_sources)
 
     @app.get("/versions", response_model=VersionsAnswer, summary="The ingest runs, and which one is served")
-    def versions(who: Who) -> VersionsAnswer:
-        return answer(kb.versions, who)
+    async def versions(who: Who) -> VersionsAnswer:
+        return await answer(who, kb.versions)
 
     return app

@@ -25,6 +25,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
+from query.guard import guarded, who_asks
 from query.service import (
     MAX_NEIGHBORS,
     UNKNOWN,
@@ -61,10 +62,11 @@ async def follow_versions(kb: KnowledgeBase, bus: InMemorySubscriptionBus, every
             await bus.publish(ResourceUpdated(uri=KB_URI))
 
 
-def _answer(fn: Callable[..., T], *args: object) -> T:
-    """Run an operation; Inlet's errors become the tool's error result (the agent reads the message)."""
+async def _answer(kb: KnowledgeBase, who: Caller, fn: Callable[..., T], *args: object) -> T:
+    """Run an operation for who within serving.timeout_s; Inlet's errors become the tool's error result (the agent
+    reads the message)."""
     try:
-        return fn(*args)
+        return await kb.in_time(who, fn, *args)
     except InletError as exc:
         raise ToolError(str(exc)) from None
 
@@ -145,7 +147,7 @@ def build_server(kb: KnowledgeBase, caller: Caller, keys: ApiKeys | None = None,
     max_k = kb.cfg.serving.max_k
 
     @server.tool(annotations=READ_ONLY)
-    def search(
+    async def search(
         query: Annotated[str, Field(description="What to look for, in words.", min_length=1)],
         k: Annotated[int, Field(ge=1, le=max_k, description="How many hits.")] = 5,
         filters: Annotated[Filters | None, Field(description="Metadata filters {field: value or [values]}, e.g. "
@@ -157,25 +159,25 @@ def build_server(kb: KnowledgeBase, caller: Caller, keys: ApiKeys | None = None,
                                            "an ISO time (default: the published version).")] = None,
     ) -> SearchAnswer:
         """Find the chunks that best answer a query, each with its text, score and citation."""
-        return _answer(kb.search, current(), query, k, filters, mode, as_of)
+        return await _answer(kb, current(), kb.search, query, k, filters, mode, as_of)
 
     @server.tool(annotations=READ_ONLY)
-    def get_context(
+    async def get_context(
         chunk_id: Annotated[str, Field(description="A hit's chunk_id.")],
         neighbors: Annotated[int, Field(ge=0, le=MAX_NEIGHBORS, description="Chunks to add before and after.")] = 1,
     ) -> ContextAnswer:
         """Return a chunk with its neighbouring chunks, in document order."""
-        return _answer(kb.get_context, current(), chunk_id, neighbors)
+        return await _answer(kb, current(), kb.get_context, chunk_id, neighbors)
 
     @server.tool(annotations=READ_ONLY)
-    def list_sources() -> SourcesAnswer:
+    async def list_sources() -> SourcesAnswer:
         """List the indexed sources with their documents and chunks, and when the store was last updated."""
-        return _answer(kb.list_sources, current())
+        return await _answer(kb, current(), kb.list_sources)
 
     @server.tool(annotations=READ_ONLY)
-    def versions() -> VersionsAnswer:
+    async def versions() -> VersionsAnswer:
         """List the ingest runs, oldest first, and which one's version is served now."""
-        return _answer(kb.versions, current())
+        return await _answer(kb, current(), kb.versions)
 
     @server.resource(KB_URI, name="knowledge-base", mime_type="application/json",
                      description="The version readers are served now; listen to it to hear of each new one.")
@@ -195,9 +197,11 @@ def parse_address(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def log_refusals(app: Any, kb: KnowledgeBase) -> Any:
-    """Wrap an ASGI app so that each 401 or 403 it answers (no key, an unknown key) is a line in the access log."""
+def log_refusals(app: Any, kb: KnowledgeBase, default: Caller, callers: dict[str, Caller] | None) -> Any:
+    """Wrap an ASGI app so that each request it refuses before any tool is a line in the access log: 401 or 403 (no
+    key, an unknown key) and 404 for a session id it does not know for this key (expired, or another key's).
 
+    default: the server's caller without keys; callers: the keys file's callers by key sha256, None without keys."""
     async def logged(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
@@ -207,6 +211,10 @@ def log_refusals(app: Any, kb: KnowledgeBase) -> Any:
             if message["type"] == "http.response.start" and message["status"] in (401, 403):
                 kb.log.write(UNKNOWN, scope.get("path", ""), "", Served(denied=1),
                              f"{message['status']}: no valid API key")
+            elif message["type"] == "http.response.start" and message["status"] == 404:
+                caller = who_asks(scope, callers)[1] or (default if callers is None else UNKNOWN)
+                kb.log.write(caller, scope.get("path", ""), "", Served(denied=1),
+                             "404: no such session for this key (expired, or opened with another key)")
             await send(message)
 
         await app(scope, receive, watching)
@@ -219,8 +227,7 @@ def serve_http(server: MCPServer, kb: KnowledgeBase, host: str, port: int, calle
     """Serve streamable HTTP at http://HOST:PORT/mcp with uvicorn: size and rate limits first, refusals logged."""
     import uvicorn
 
-    from query.guard import guarded
-
     app = server.streamable_http_app(host=host)
-    uvicorn.run(guarded(log_refusals(app, kb), kb, caller, callers_of(keys)), host=host, port=port,
+    callers = callers_of(keys)
+    uvicorn.run(guarded(log_refusals(app, kb, caller, callers), kb, caller, callers), host=host, port=port,
                 log_level="warning")

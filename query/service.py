@@ -8,16 +8,20 @@ long-lived server moves to a newly published run without a restart.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
+import anyio
+import anyio.to_thread
 import lancedb
 
 from query.history import versions as run_history
@@ -47,9 +51,10 @@ from schemas.answers import (
     VersionsAnswer,
 )
 from schemas.config import ACCESS_LEVELS, ApiKeys, InletConfig
-from schemas.errors import ConfigError, NotAvailableError, QueryError, StoreError
+from schemas.errors import AnswerTimeoutError, ConfigError, NotAvailableError, QueryError, StoreError
 
 MAX_NEIGHBORS = 10
+T = TypeVar("T")
 
 
 # The call a transport is handling: its operation marks it logged, so that the transport can log the calls that
@@ -168,6 +173,19 @@ class KnowledgeBase:
     def __init__(self, cfg: InletConfig, log: AccessLog) -> None:
         self.cfg = cfg
         self.log = log
+
+    async def in_time(self, caller: Caller, operation: Callable[..., T], *args: object) -> T:
+        """Run one of these operations for caller in a worker thread; past serving.timeout_s, AnswerTimeoutError.
+
+        A thread cannot be stopped: the read goes on, is logged when it ends, and its answer is dropped. The
+        servers' rate limit bounds how many such reads one caller can leave behind.
+        """
+        limit = self.cfg.serving.timeout_s
+        with anyio.move_on_after(limit):
+            return await anyio.to_thread.run_sync(functools.partial(operation, caller, *args), abandon_on_cancel=True)
+        self.log.write(caller, operation.__name__, "", Served(), f"503: no answer within serving.timeout_s ({limit:g} s)")
+        msg = f"no answer within {limit:g} s (serving.timeout_s): the server is busy, retry later"
+        raise AnswerTimeoutError(msg)
 
     @contextmanager
     def _call(self, caller: Caller, tool: str, query: str) -> Iterator[Served]:

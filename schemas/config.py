@@ -482,6 +482,9 @@ class ServingConfig(_Strict):
                                    "'600/minute' or '20/second'; past it, 429 with Retry-After. None: no limit.")
     max_body_bytes: int = Field(65536, ge=1024, description="Largest request body either HTTP server reads "
                                 "(larger: 413).")
+    timeout_s: float = Field(30.0, gt=0, le=3600, description="Longest either HTTP server waits for a request's body "
+                             "(longer: 408) and for its answer (longer: 503 with Retry-After; the read it began "
+                             "finishes on its own and is logged).")
 
     @field_validator("rate_limit")
     @classmethod

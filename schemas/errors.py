@@ -122,5 +122,9 @@ class QueryError(InletError, ValueError):
     """A search was asked for something the store cannot answer (bad mode, version, clearance, index)."""
 
 
+class AnswerTimeoutError(InletError):
+    """An answer took longer than serving.timeout_s: the caller is told to retry; the read goes on in its thread."""
+
+
 class NotAvailableError(QueryError):
     """What was asked for is not there for this caller: missing, expired or above its clearance (never said which)."""

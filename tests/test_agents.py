@@ -264,11 +264,14 @@ def test_mcp_over_http_answers_each_key_at_its_clearance_and_never_above_it_what
         assert not asyncio.run(session(KEY_PUBLIC, "public")) & staff
         assert asyncio.run(session(KEY_INTERNAL, "internal")) & staff, "the staff key is answered at its clearance"
     lines = _log(kb)[before:]
-    unknown = [line for line in lines if line["caller"] == "unknown"]
+    denied = [line for line in lines if (line["error"] or "")[:3] in ("401", "404")]
+    assert lines[: len(denied)] == denied, "the refusals came first"
+    unknown = [line for line in denied if line["caller"] == "unknown"]
     # The SDK's client may knock more than once before it gives up (discovery, then the handshake): each is a line.
     assert len(unknown) >= refused and all(line["denied"] == 1 and line["error"].startswith("401") for line in unknown)
-    assert lines[: len(unknown)] == unknown, "the refusals came first"
-    keyed = lines[len(unknown):]
+    taken = [line for line in denied if line["caller"] != "unknown"]
+    assert [(line["caller"], line["error"][:20]) for line in taken] == [("public-bot", "404: no such session")]
+    keyed = lines[len(denied):]
     assert len(keyed) == calls, "one access-log line per tool call, refused ones too"
     assert {line["caller"] for line in keyed} == {"public-bot", "staff-bot"}
     hidden_docs = {r["doc_id"] for r in rows if r["chunk_id"] in above["internal"] | expired}

@@ -1,13 +1,17 @@
-"""The limits both servers apply before any read (query/guard.py): per-caller rate, body size, query length."""
+"""The limits both servers apply (query/guard.py, KnowledgeBase.in_time): per-caller rate, body size, query length,
+time to send a body and to answer."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
+import anyio
 import pytest
 from fastapi.testclient import TestClient
+from mcp import Client
 
 from query.guard import guarded
 from query.http_api import build_app
@@ -74,7 +78,8 @@ def test_the_mcp_server_is_behind_the_same_limits(tmp_path):
     kb = _kb(tmp_path, rate_limit="2/minute")
     who = Caller("agent", "public")
     url = "http://127.0.0.1:8766/mcp"
-    app = guarded(log_refusals(build_server(kb, who, KEYS, url).streamable_http_app(host="127.0.0.1"), kb), kb, who,
+    app = guarded(log_refusals(build_server(kb, who, KEYS, url).streamable_http_app(host="127.0.0.1"), kb, who,
+                                 callers_of(KEYS)), kb, who,
                   callers_of(KEYS))
     hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}
@@ -91,3 +96,73 @@ def test_the_mcp_server_is_behind_the_same_limits(tmp_path):
 def test_a_rate_limit_that_is_not_a_rate_is_refused_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match=r"serving.rate_limit.*'lots' is not a rate"):
         _kb(tmp_path, rate_limit="lots")
+
+
+class _Slow(KnowledgeBase):
+    """A knowledge base whose list_sources takes half a second: an answer slower than a small serving.timeout_s."""
+
+    def list_sources(self, caller: Caller):  # noqa: ANN201 - the parent's answer
+        time.sleep(0.5)
+        return super().list_sources(caller)
+
+
+def _slow_kb(tmp_path: Path, timeout_s: float) -> KnowledgeBase:
+    kb = _kb(tmp_path, timeout_s=timeout_s)
+    return _Slow(kb.cfg, kb.log)
+
+
+def test_an_answer_over_the_timeout_gets_503_with_retry_after_and_its_read_is_still_logged(tmp_path):
+    client = _api(_slow_kb(tmp_path, 0.1), keys=None)
+    late = client.get("/sources")
+    assert late.status_code == 503 and "serving.timeout_s" in late.json()["detail"]
+    assert int(late.headers["retry-after"]) >= 1
+    deadline = time.monotonic() + 10
+    while len(_log(tmp_path)) < 2 and time.monotonic() < deadline:  # the abandoned read ends on its own
+        time.sleep(0.05)
+    lines = _log(tmp_path)
+    assert lines[0]["tool"] == "list_sources" and lines[0]["error"].startswith("503: no answer within")
+    assert len(lines) == 2 and lines[1]["tool"] == "list_sources"
+    assert _api(_slow_kb(tmp_path / "patient", 5.0), keys=None).get("/sources").status_code != 503
+
+
+def test_an_mcp_tool_over_the_timeout_is_a_tool_error_naming_the_setting(tmp_path):
+    kb = _slow_kb(tmp_path, 0.1)
+
+    async def call() -> tuple[bool, str]:
+        async with Client(build_server(kb, Caller("agent", "public"))) as client:
+            result = await client.call_tool("list_sources", {})
+            return result.is_error, " ".join(c.text for c in result.content)
+
+    is_error, text = anyio.run(call)
+    assert is_error and "serving.timeout_s" in text
+
+
+def test_a_body_that_trickles_past_the_timeout_gets_408_and_the_app_never_runs(tmp_path):
+    kb = _kb(tmp_path, timeout_s=0.2)
+    ran: list[str] = []
+
+    async def app(scope, receive, send) -> None:  # noqa: ANN001 - ASGI
+        ran.append(scope["path"])
+
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if not sent:
+            sent.append({})
+            return {"type": "http.request", "body": b'{"query": "', "more_body": True}
+        await anyio.sleep(60)  # the rest never comes
+        return {"type": "http.disconnect"}
+
+    answers: list[dict] = []
+
+    async def send(message: dict) -> None:
+        answers.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/search", "headers": [], "client": ("127.0.0.1", 1)}
+    async def main() -> None:
+        with anyio.fail_after(10):  # a guard that waited for the body would fail here, not hang
+            await guarded(app, kb, Caller("app", "public"), None)(scope, receive, send)
+
+    anyio.run(main)
+    assert answers[0]["status"] == 408 and b"serving.timeout_s" in answers[1]["body"]
+    assert not ran and _log(tmp_path)[0]["error"].startswith("408")
