@@ -16,8 +16,8 @@ public, half internal clearance) and the shipped limits. Then --clients agents (
 MCP session; 70% searches, 20% the context of a hit they got, 10% sources; a pause of 0.5-1.5 x --wait seconds
 between calls) load `inlet api` for --seconds, then `inlet mcp --http` for as long. Reported per server: requests/s,
 p50/p99 (overall and per operation), outcomes (ok; gone: the context of a chunk replaced since its search, the
-correct answer; refused; error: 5xx, timeouts, transport errors), torn answers (checked afterwards: each answer's
-chunks must be in the version it names, with the text served, a context's in order in one document, none above
+correct answer; refused; error: 5xx, timeouts, transport errors), torn answers (checked every few seconds while the
+load runs, before live maintenance prunes the version: each answer's chunks must be in the version it names, with the text served, a context's in order in one document, none above
 the key's clearance), the versions published and served meanwhile, and the server's RSS growth after WARM_S.
 Traffic goes to 127.0.0.1 only and stops by itself.
 """
@@ -293,17 +293,17 @@ async def _client(make: Callable[[], Any], server: str, clearance: str, queries:
 
 
 async def _load(make: Callable[[int], Any], server: str, keys: list[tuple[str, str]], queries: list[str],
-                seconds: float, wait: tuple[float, float]) -> list[Call]:
-    calls: list[Call] = []
+                seconds: float, wait: tuple[float, float], calls: list[Call]) -> list[Call]:
     begin = time.perf_counter()
     await asyncio.gather(*(_client(lambda i=i: make(i), server, keys[i][1], queries, i, begin, begin + seconds,
                                    wait, calls) for i in range(len(keys))))
     return calls
 
 
-def torn(calls: list[Call], config: Path) -> list[str]:
+def torn(calls: list[Call], config: Path) -> tuple[list[str], int]:
     """Answers not wholly from the version they name: a chunk missing from it or with other text there, a context's
-    chunks not consecutive in one document, or a chunk above the caller's clearance."""
+    chunks not consecutive in one document, or a chunk above the caller's clearance; and how many answers could not
+    be checked because their version was pruned meanwhile (live maintenance keeps watch.keep_versions_s)."""
     import lancedb
 
     from schemas.config import ACCESS_LEVELS, load_config
@@ -311,6 +311,7 @@ def torn(calls: list[Call], config: Path) -> list[str]:
     cfg = load_config(config)
     table = lancedb.connect(str(cfg.store.uri)).open_table(cfg.store.chunks_table)
     problems: list[str] = []
+    pruned = 0
     by_version: dict[int, list[Call]] = {}
     for call in calls:
         if call.outcome == "ok":
@@ -321,7 +322,11 @@ def torn(calls: list[Call], config: Path) -> list[str]:
             if any(ACCESS_LEVELS.index(level) > ACCESS_LEVELS.index(call.clearance) for level in call.levels):
                 problems.append(f"{call.server} {call.op}: a chunk above clearance {call.clearance}")
     for version, group in sorted(by_version.items()):
-        table.checkout(version)
+        try:
+            table.checkout(version)
+        except (OSError, RuntimeError, ValueError):  # pruned since it was served
+            pruned += len(group)
+            continue
         ids = sorted({r[0] for call in group for r in call.rows})
         found: dict[str, dict] = {}
         for i in range(0, len(ids), 500):
@@ -339,7 +344,7 @@ def torn(calls: list[Call], config: Path) -> list[str]:
                 if len(docs) != 1 or index != list(range(index[0], index[0] + len(index))):
                     problems.append(f"{call.server} context at version {version}: neighbours not in order")
     table.checkout_latest()
-    return problems
+    return problems, pruned
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -348,7 +353,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def summary(calls: list[Call], seconds: float, rss: list[tuple[float, float]], versions: tuple[int, int],
-            problems: list[str]) -> dict:
+            problems: list[str], unchecked: int = 0) -> dict:
     """A phase's table row: requests/s, p50/p99 overall and per operation, outcomes, RSS growth, versions seen."""
     done = [c for c in calls if c.op != "connect"]
     ok = [c.seconds for c in done if c.outcome in ("ok", "gone")]
@@ -361,7 +366,7 @@ def summary(calls: list[Call], seconds: float, rss: list[tuple[float, float]], v
                    if (t := [c.seconds for c in done if c.op == op and c.outcome in ("ok", "gone")])},
         "outcomes": {o: sum(c.outcome == o for c in calls) for o in ("ok", "gone", "refused", "error")},
         "first_problems": sorted({c.detail for c in calls if c.outcome in ("refused", "error")})[:5],
-        "torn": len(problems), "first_torn": problems[:5],
+        "torn": len(problems), "first_torn": problems[:5], "unchecked": unchecked,
         "versions_served": len({c.version for c in done if c.version is not None}),
         "published_during": versions[1] - versions[0],
         "rss_mb": {"after_warm_up": round(settled[0], 1) if settled else None, "max": round(max(m for _, m in rss), 1),
@@ -383,10 +388,30 @@ async def _sampled(proc: subprocess.Popen, seconds: float, every: float = 2.0) -
     return out
 
 
+async def _checking(calls: list[Call], config: Path, until: float, every: float = 5.0) -> tuple[list[str], int]:
+    """Check the answers as they come (torn), every few seconds: a version is pruned a while after it was served."""
+    problems: list[str] = []
+    pruned, done = 0, 0
+    while True:
+        last = time.perf_counter() >= until
+        if not last:
+            await asyncio.sleep(every)
+        batch, done = calls[done:], len(calls)
+        found, gone = await asyncio.to_thread(torn, batch, config)
+        problems += found
+        pruned += gone
+        if last:
+            return problems, pruned
+
+
 async def _phase(make: Callable[[int], Any], server: str, proc: subprocess.Popen, keys: list[tuple[str, str]],
-                 queries: list[str], seconds: float, wait: tuple[float, float]) -> tuple[list[Call], list]:
-    calls, rss = await asyncio.gather(_load(make, server, keys, queries, seconds, wait), _sampled(proc, seconds))
-    return calls, rss
+                 queries: list[str], seconds: float, wait: tuple[float, float], config: Path,
+                 ) -> tuple[list[Call], list, tuple[list[str], int]]:
+    calls: list[Call] = []
+    until = time.perf_counter() + seconds
+    _, rss, checked = await asyncio.gather(_load(make, server, keys, queries, seconds, wait, calls),
+                                           _sampled(proc, seconds), _checking(calls, config, until + 1))
+    return calls, rss, checked
 
 
 def machine_speed() -> float:
@@ -446,10 +471,10 @@ def load_main(args: argparse.Namespace) -> None:
         for name, make, proc in (("inlet api", lambda i: _Api(api, keys[i][0]), api_proc),
                                  ("inlet mcp --http", lambda i: _Mcp(mcp_url, keys[i][0]), mcp_proc)):
             before = kb.published_version()
-            calls, rss = asyncio.run(_phase(make, name, proc, keys, queries, args.seconds, wait))
+            calls, rss, (problems, unchecked) = asyncio.run(_phase(make, name, proc, keys, queries, args.seconds,
+                                                                   wait, config))
             after = kb.published_version()
-            problems = torn(calls, config)
-            result["servers"][name] = summary(calls, args.seconds, rss, (before, after), problems)
+            result["servers"][name] = summary(calls, args.seconds, rss, (before, after), problems, unchecked)
             print(json.dumps({name: result["servers"][name]}, indent=2), flush=True)
         result["watcher_batches"] = len(watcher.batches)
         out_dir = ROOT / "bench" / "results"
