@@ -368,7 +368,7 @@ def summary(calls: list[Call], seconds: float, rss: list[tuple[float, float]], v
         "first_problems": sorted({c.detail for c in calls if c.outcome in ("refused", "error")})[:5],
         "torn": len(problems), "first_torn": problems[:5], "unchecked": unchecked,
         "versions_served": len({c.version for c in done if c.version is not None}),
-        "published_during": versions[1] - versions[0],
+        "published_moved": versions[1] - versions[0],  # table versions the published tag moved by
         "rss_mb": {"after_warm_up": round(settled[0], 1) if settled else None, "max": round(max(m for _, m in rss), 1),
                    "end": round(rss[-1][1], 1),
                    "growth": round(rss[-1][1] - settled[0], 1) if settled else None},

@@ -64,5 +64,5 @@ def test_the_summary_counts_outcomes_and_percentiles_of_answered_calls_only():
     assert row["outcomes"] == {"ok": 3, "gone": 1, "refused": 0, "error": 1}
     assert row["requests"] == 5 and row["requests_per_s"] == 0.5
     assert row["per_op"]["search"]["p50_ms"] == 20.0, "the failed call's 9 s is not a latency"
-    assert row["rss_mb"]["growth"] == 20.0 and row["published_during"] == 4
+    assert row["rss_mb"]["growth"] == 20.0 and row["published_moved"] == 4
     assert row["first_problems"] == ["503: no answer"]
