@@ -414,6 +414,26 @@ async def _phase(make: Callable[[int], Any], server: str, proc: subprocess.Popen
     return calls, rss, checked
 
 
+def cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each group's processes and their children, by group (a negative pid:
+    that process alone)."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for group, pids in groups.items():
+        total = 0.0
+        for pid in pids:
+            try:
+                root = psutil.Process(abs(pid))
+                for proc in (root, *(root.children(recursive=True) if pid > 0 else ())):
+                    times = proc.cpu_times()
+                    total += times.user + times.system
+            except psutil.Error:  # exited meanwhile
+                continue
+        out[group] = total
+    return out
+
+
 def machine_speed() -> float:
     """Seconds this machine takes for 3M additions in a Python loop: to compare tables taken on other days."""
     begin, total = time.perf_counter(), 0
@@ -471,10 +491,17 @@ def load_main(args: argparse.Namespace) -> None:
         for name, make, proc in (("inlet api", lambda i: _Api(api, keys[i][0]), api_proc),
                                  ("inlet mcp --http", lambda i: _Mcp(mcp_url, keys[i][0]), mcp_proc)):
             before = kb.published_version()
+            groups = {"server": [proc.pid], "watcher": [watcher.proc.pid], "prefect server": [server.pid],
+                      "clients and checker": [-os.getpid()]}  # negative: this process alone, not its children
+            cpu_before = cpu_seconds(groups)
             calls, rss, (problems, unchecked) = asyncio.run(_phase(make, name, proc, keys, queries, args.seconds,
                                                                    wait, config))
+            cpu_after = cpu_seconds(groups)
             after = kb.published_version()
             result["servers"][name] = summary(calls, args.seconds, rss, (before, after), problems, unchecked)
+            # Where the two cores went: each part's CPU seconds per second of load (1.0 = one core).
+            result["servers"][name]["cores_used"] = {g: round((cpu_after[g] - cpu_before[g]) / args.seconds, 2)
+                                                     for g in groups}
             print(json.dumps({name: result["servers"][name]}, indent=2), flush=True)
         result["watcher_batches"] = len(watcher.batches)
         out_dir = ROOT / "bench" / "results"

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lancedb
@@ -66,3 +69,17 @@ def test_the_summary_counts_outcomes_and_percentiles_of_answered_calls_only():
     assert row["per_op"]["search"]["p50_ms"] == 20.0, "the failed call's 9 s is not a latency"
     assert row["rss_mb"]["growth"] == 20.0 and row["published_moved"] == 4
     assert row["first_problems"] == ["503: no answer"]
+
+
+def test_cpu_seconds_counts_a_process_with_its_children_or_alone():
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.5\n"
+                              "while time.process_time() < end: pass\ntime.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 30
+        while serving.cpu_seconds({"child": [child.pid]})["child"] < 0.5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        both = serving.cpu_seconds({"tree": [os.getpid()], "alone": [-os.getpid()]})
+        assert both["tree"] - both["alone"] >= 0.5, "the busy child's half second is in the tree, not alone"
+    finally:
+        child.kill()
+        child.wait()
