@@ -16,9 +16,11 @@ public, half internal clearance) and the shipped limits. Then --clients agents (
 MCP session; 70% searches, 20% the context of a hit they got, 10% sources; a pause of 0.5-1.5 x --wait seconds
 between calls) load `inlet api` for --seconds, then `inlet mcp --http` for as long. Reported per server: requests/s,
 p50/p99 (overall and per operation), outcomes (ok; gone: the context of a chunk replaced since its search, the
-correct answer; refused; error: 5xx, timeouts, transport errors), torn answers (checked every few seconds while the
-load runs, before live maintenance prunes the version: each answer's chunks must be in the version it names, with the text served, a context's in order in one document, none above
-the key's clearance), the versions published and served meanwhile, and the server's RSS growth after WARM_S.
+correct answer; refused; error: 5xx, timeouts, transport errors), torn answers (checked every few seconds while
+the load runs, before live maintenance prunes the version: each answer's chunks must be in the version it names,
+with the text served, a context's in order in one document, none above the key's clearance), the versions
+published and served meanwhile, the server's RSS growth after WARM_S, and the cores each process used (the
+server, the watcher, the Prefect server, the clients).
 Traffic goes to 127.0.0.1 only and stops by itself.
 """
 

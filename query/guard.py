@@ -1,4 +1,4 @@
-"""What `inlet api` and `inlet mcp --http` refuse before any read: a body too large or too slow, a caller asking too often.
+"""What `inlet api` and `inlet mcp --http` refuse before any read: a body too large or too slow, a caller too eager.
 
 One ASGI wrapper in front of both servers, so that both refuse alike: a request body over
 serving.max_body_bytes gets 413, one not received within serving.timeout_s 408; a caller over serving.rate_limit

@@ -202,6 +202,11 @@ def log_refusals(app: Any, kb: KnowledgeBase, default: Caller, callers: dict[str
     key, an unknown key) and 404 for a session id it does not know for this key (expired, or another key's).
 
     default: the server's caller without keys; callers: the keys file's callers by key sha256, None without keys."""
+
+    def has_session(scope: Any) -> bool:
+        """Whether the request names an MCP session (a 404 to any other request is not about a session)."""
+        return any(key.lower() == b"mcp-session-id" for key, _ in scope.get("headers") or ())
+
     async def logged(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
@@ -211,7 +216,8 @@ def log_refusals(app: Any, kb: KnowledgeBase, default: Caller, callers: dict[str
             if message["type"] == "http.response.start" and message["status"] in (401, 403):
                 kb.log.write(UNKNOWN, scope.get("path", ""), "", Served(denied=1),
                              f"{message['status']}: no valid API key")
-            elif message["type"] == "http.response.start" and message["status"] == 404:
+            elif (message["type"] == "http.response.start" and message["status"] == 404
+                  and has_session(scope)):
                 caller = who_asks(scope, callers)[1] or (default if callers is None else UNKNOWN)
                 kb.log.write(caller, scope.get("path", ""), "", Served(denied=1),
                              "404: no such session for this key (expired, or opened with another key)")

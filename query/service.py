@@ -183,7 +183,8 @@ class KnowledgeBase:
         limit = self.cfg.serving.timeout_s
         with anyio.move_on_after(limit):
             return await anyio.to_thread.run_sync(functools.partial(operation, caller, *args), abandon_on_cancel=True)
-        self.log.write(caller, operation.__name__, "", Served(), f"503: no answer within serving.timeout_s ({limit:g} s)")
+        self.log.write(caller, operation.__name__, "", Served(),
+                       f"503: no answer within serving.timeout_s ({limit:g} s)")
         msg = f"no answer within {limit:g} s (serving.timeout_s): the server is busy, retry later"
         raise AnswerTimeoutError(msg)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,11 +11,7 @@ from pathlib import Path
 import lancedb
 import pyarrow as pa
 
-_ROOT = Path(__file__).resolve().parent.parent
-_SPEC = importlib.util.spec_from_file_location("serving_bench", _ROOT / "bench" / "serving.py")
-serving = importlib.util.module_from_spec(_SPEC)
-sys.modules["serving_bench"] = serving  # its dataclasses look their module up
-_SPEC.loader.exec_module(serving)
+from bench import serving  # bench/ is a folder of scripts on the project root, importable as a namespace package
 
 
 def _store(tmp_path: Path) -> tuple[Path, int, int]:
