@@ -4,6 +4,7 @@
     .venv/bin/python bench/search_latency.py --sizes 100000 --queries 50
     .venv/bin/python bench/search_latency.py --sizes 1000000 --store /work/q1m   # build once, then re-time
     .venv/bin/python bench/search_latency.py --sizes 1000000 --embedder e5       # queries embedded by the default model
+    .venv/bin/python bench/search_latency.py --sizes 5000 20000 50000 --ann-min-rows 100000  # exact search below it
 
 
 A chunks table with Inlet's schema is written with synthetic 384-d vectors (a mixture of 2,000
@@ -84,8 +85,9 @@ def synthetic_batch(start: int, n: int, centres: np.ndarray, texts: list[str], r
     })
 
 
-def build(store: Path, size: int, texts: list[str], fingerprint: str, seed: int = 1) -> tuple[float, float]:
-    """Write size rows in batches and index them; return (write seconds, index seconds)."""
+def build(store: Path, size: int, texts: list[str], fingerprint: str, ann_min_rows: int,
+          seed: int = 1) -> tuple[float, float]:
+    """Write size rows in batches and index them as the upsert does; return (write seconds, index seconds)."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(2_000, DIM)).astype(np.float32)
     db = connect(store)  # the write path's own connection: same file format as ingested tables
@@ -98,7 +100,7 @@ def build(store: Path, size: int, texts: list[str], fingerprint: str, seed: int 
         if begin:
             table.add(batch)
     written = time.perf_counter() - start
-    refresh_indexes(table, fulltext=True, ann_min_rows=min(size, 100_000))
+    refresh_indexes(table, fulltext=True, ann_min_rows=ann_min_rows)
     return written, time.perf_counter() - start - written
 
 
@@ -114,7 +116,7 @@ def latencies(config: Path, queries: list[str], mode: str) -> list[float]:
     return out
 
 
-def ann_recall(store: Path, n_queries: int, seed: int = 2) -> float:
+def ann_recall(store: Path, n_queries: int, seed: int = 2) -> float | None:
     """Mean overlap of the ANN top 10 (at search()'s nprobes, ef and refine factor) with the exact top 10, for perturbed data points."""
     import lancedb
 
@@ -123,6 +125,8 @@ def ann_recall(store: Path, n_queries: int, seed: int = 2) -> float:
     qcfg = QueryConfig()
 
     table = lancedb.connect(str(store)).open_table("chunks")
+    if not any(i.columns == ["vector"] for i in table.list_indices()):
+        return None  # exact search: nothing to compare
     rng = np.random.default_rng(seed)
     sample = table.search().select(["vector"]).limit(n_queries * 50).to_arrow()["vector"].to_pylist()
     picks = [np.asarray(sample[i], dtype=np.float32) for i in rng.choice(len(sample), n_queries, replace=False)]
@@ -151,6 +155,9 @@ def main() -> None:
                         "run, re-timed on the next ones")
     parser.add_argument("--embedder", choices=sorted(FINGERPRINTS), default="hashing",
                         help="the query embedder (a --store keeps the one it was built with)")
+    parser.add_argument("--ann-min-rows", type=int, default=None,
+                        help="query.ann_min_rows: the ANN index is built from this many rows (default: each size, "
+                        "so that every size is timed with it; the shipped default times exact search below it)")
     args = parser.parse_args()
     if args.store and len(args.sizes) != 1:
         parser.error("--store takes one size")
@@ -167,22 +174,26 @@ def main() -> None:
             folder = args.store or Path(tmp)
             store = folder / "lancedb"
             written = indexed = 0.0
+            ann_min_rows = args.ann_min_rows or size
             if not (store / "chunks.lance").exists():
-                written, indexed = build(store, size, texts, FINGERPRINTS[args.embedder])
+                written, indexed = build(store, size, texts, FINGERPRINTS[args.embedder], ann_min_rows)
             config = folder / "inlet.yaml"
             config.write_text(yaml.safe_dump({"sources": [{"name": "bench", "path": str(folder)}],
                                               "embedding": {"kind": args.embedder, "dim": DIM},
+                                              "query": {"ann_min_rows": max(256, ann_min_rows)},
                                               "store": {"uri": str(store), "artifacts": str(folder / "runs")}}))
             recall = ann_recall(store, 100)
             for mode in modes:
                 ms = latencies(config, queries[mode], mode)
                 row = {"chunks": size, "embedder": args.embedder, "mode": mode, "p50_ms": pct(ms, 0.5), "p95_ms": pct(ms, 0.95),
-                       "write_s": written, "index_s": indexed, "ann_recall_at_10": recall}
+                       "write_s": written, "index_s": indexed, "ann": recall is not None, "ann_recall_at_10": recall}
                 results.append(row)
                 print(f"{size:>9} {mode:>9} {row['p50_ms']:>8.1f} {row['p95_ms']:>8.1f} | "
-                      f"{written:.0f} s, {indexed:.0f} s | {recall:.3f}")
+                      f"{written:.1f} s, {indexed:.1f} s | {'exact search' if recall is None else f'{recall:.3f}'}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / ("query.json" if args.embedder == "hashing" else f"query-{args.embedder}.json")).write_text(json.dumps(results, indent=1))
+    name = "query" + ("" if args.embedder == "hashing" else f"-{args.embedder}") + (
+        f"-ann{args.ann_min_rows}" if args.ann_min_rows else "")
+    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -118,6 +118,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=300, help="--load: seconds of load per server")
     parser.add_argument("--wait", type=float, default=1.0, help="--load: mean pause between a client's calls (0: none)")
     parser.add_argument("--every", type=float, default=3.0, help="--load: seconds between changes to the corpus")
+    parser.add_argument("--concurrency", type=int, help="--load: serving.concurrency (default: as shipped)")
     parser.add_argument("--work", help="--load: a folder to keep the indexed corpus in (reused when present)")
     args = parser.parse_args()
     if args.load:
@@ -464,7 +465,8 @@ def load_main(args: argparse.Namespace) -> None:
             {"caller": f"agent-{i:02d}", "sha256": hashlib.sha256(k.encode()).hexdigest(), "clearance": c}
             for i, (k, c) in enumerate(keys)]}), encoding="utf-8")
         spec = yaml.safe_load(config.read_text(encoding="utf-8"))
-        spec["serving"] = {"api_keys": "keys.yaml"}  # every other serving setting as shipped (600/minute a key)
+        # Every other serving setting as shipped (600/minute a key), unless --concurrency says otherwise.
+        spec["serving"] = {"api_keys": "keys.yaml", **({"concurrency": args.concurrency} if args.concurrency else {})}
         config.write_text(yaml.safe_dump(spec), encoding="utf-8")
         queries = _queries(config.parent / "corpus", 400)
         watcher = Watcher(config, env, work / "watch.log")
@@ -488,6 +490,7 @@ def load_main(args: argparse.Namespace) -> None:
         wait = (args.wait * 0.5, args.wait * 1.5)
         result: dict[str, Any] = {"machine_speed": machine_speed(), "corpus": str(SHARED),
                                   "embedder": args.embedder, "clients": args.clients,
+                                  "concurrency": args.concurrency,
                                   "seconds": args.seconds, "wait_s": list(wait), "edit_every_s": args.every,
                                   "servers": {}}
         for name, make, proc in (("inlet api", lambda i: _Api(api, keys[i][0]), api_proc),

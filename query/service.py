@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -173,6 +174,13 @@ class KnowledgeBase:
     def __init__(self, cfg: InletConfig, log: AccessLog) -> None:
         self.cfg = cfg
         self.log = log
+        self._limiter: anyio.CapacityLimiter | None = None  # made in the server's event loop, on its first read
+
+    def _reads(self) -> anyio.CapacityLimiter:
+        """The server's limit on reads at once (serving.concurrency): beyond it they queue, not share the cores."""
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self.cfg.serving.concurrency or 2 * (os.cpu_count() or 1))
+        return self._limiter
 
     async def in_time(self, caller: Caller, operation: Callable[..., T], *args: object) -> T:
         """Run one of these operations for caller in a worker thread; past serving.timeout_s, AnswerTimeoutError.
@@ -182,7 +190,8 @@ class KnowledgeBase:
         """
         limit = self.cfg.serving.timeout_s
         with anyio.move_on_after(limit):
-            return await anyio.to_thread.run_sync(functools.partial(operation, caller, *args), abandon_on_cancel=True)
+            return await anyio.to_thread.run_sync(functools.partial(operation, caller, *args), abandon_on_cancel=True,
+                                                  limiter=self._reads())
         self.log.write(caller, operation.__name__, "", Served(),
                        f"503: no answer within serving.timeout_s ({limit:g} s)")
         msg = f"no answer within {limit:g} s (serving.timeout_s): the server is busy, retry later"

@@ -485,6 +485,10 @@ class ServingConfig(_Strict):
     timeout_s: float = Field(30.0, gt=0, le=3600, description="Longest either HTTP server waits for a request's body "
                              "(longer: 408) and for its answer (longer: 503 with Retry-After; the read it began "
                              "finishes on its own and is logged).")
+    concurrency: int | None = Field(None, ge=1, le=256, description="Reads either server runs at once; the rest "
+                                    "wait their turn (within timeout_s). None: twice the machine's cores. LanceDB "
+                                    "uses every core for each read: more at once only share them, each holding its "
+                                    "buffers.")
 
     @field_validator("rate_limit")
     @classmethod

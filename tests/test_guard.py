@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -166,3 +167,39 @@ def test_a_body_that_trickles_past_the_timeout_gets_408_and_the_app_never_runs(t
     anyio.run(main)
     assert answers[0]["status"] == 408 and b"serving.timeout_s" in answers[1]["body"]
     assert not ran and _log(tmp_path)[0]["error"].startswith("408")
+
+
+class _Counting(KnowledgeBase):
+    """A knowledge base that counts how many list_sources reads run at once."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.lock, self.now, self.most = threading.Lock(), 0, 0
+
+    def list_sources(self, caller: Caller):  # noqa: ANN201 - the parent's answer
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(0.2)
+        with self.lock:
+            self.now -= 1
+        return super().list_sources(caller)
+
+
+def _most_at_once(tmp_path: Path, concurrency: int, callers: int = 6) -> int:
+    kb = _kb(tmp_path, concurrency=concurrency)
+    counting = _Counting(kb.cfg, kb.log)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            for _ in range(callers):
+                group.start_soon(counting.in_time, Caller("app", "public"), counting.list_sources)
+
+    anyio.run(main)
+    return counting.most
+
+
+def test_reads_beyond_serving_concurrency_wait_their_turn(tmp_path):
+    assert _most_at_once(tmp_path / "two", 2) == 2
+    assert _most_at_once(tmp_path / "six", 6) == 6, "the setting, not a fixed limit, decides"
+    assert len(_log(tmp_path / "two")) == 6, "every read waited for its turn and was answered"
