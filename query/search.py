@@ -202,7 +202,7 @@ def _aware(moment: datetime) -> datetime:
 _VERSION_FACTS: dict[tuple[str, str, int, str], object] = {}  # (store, table, version, fact) -> value
 
 
-def _version_fact(table: lancedb.table.Table, store: str, version: int, fact: str,
+def version_fact(table: lancedb.table.Table, store: str, version: int, fact: str,
                   compute: Callable[[lancedb.table.Table], T]) -> T:
     """Compute a fact about a table version once: versions never change, so neither do their facts."""
     key = (store, table.name, version, fact)
@@ -214,17 +214,17 @@ def _version_fact(table: lancedb.table.Table, store: str, version: int, fact: st
 
 
 def _table_embedder(table: lancedb.table.Table, store: str, version: int) -> str:
-    return _version_fact(table, store, version, "embedder", _read_embedder)
+    return version_fact(table, store, version, "embedder", _read_embedder)
 
 
-def _has_expiring_rows(table: lancedb.table.Table, store: str, version: int) -> bool:
+def has_expiring_rows(table: lancedb.table.Table, store: str, version: int) -> bool:
     """Tell whether any row of this table version can expire (tables from before the column cannot)."""
-    return _version_fact(table, store, version, "expiring", lambda t: "expires_at" in t.schema.names
+    return version_fact(table, store, version, "expiring", lambda t: "expires_at" in t.schema.names
                          and t.count_rows("expires_at IS NOT NULL") > 0)
 
 
 def _has_fulltext_index(table: lancedb.table.Table, store: str, version: int) -> bool:
-    return _version_fact(table, store, version, "fts", lambda t: any(i.index_type == "FTS" for i in t.list_indices()))
+    return version_fact(table, store, version, "fts", lambda t: any(i.index_type == "FTS" for i in t.list_indices()))
 
 
 def _read_embedder(table: lancedb.table.Table) -> str:
@@ -262,7 +262,7 @@ def clearance_clause(clearance: str) -> str:
 def visible_clause(table: lancedb.table.Table, store: str, version: int, clearance: str) -> str:
     """The SQL that keeps what a caller may be served now: rows at or below its clearance, not expired."""
     guard = clearance_clause(clearance)
-    if _has_expiring_rows(table, store, version):  # most stores have none: spare every query the clause
+    if has_expiring_rows(table, store, version):  # most stores have none: spare every query the clause
         guard += f" AND (expires_at IS NULL OR expires_at > TIMESTAMP '{datetime.now(UTC):%Y-%m-%dT%H:%M:%S}')"
     return guard
 
@@ -458,7 +458,7 @@ def modified_times(cfg: InletConfig) -> dict[str, float]:
         return {d: m / 1e9 for d, m in zip(rows["doc_id"].to_pylist(), rows["mtime_ns"].to_pylist(), strict=True)
                 if m and m > 0}
 
-    return _version_fact(table, str(cfg.store.uri), table.version, "mtimes", read)
+    return version_fact(table, str(cfg.store.uri), table.version, "mtimes", read)
 
 
 def freshness_factor(age_days: float | None, half_life_days: float) -> float:

@@ -30,6 +30,7 @@ from query.search import (
     SELECTED,
     Mode,
     SearchResult,
+    has_expiring_rows,
     in_published_version,
     modified_times,
     published_table,
@@ -37,6 +38,7 @@ from query.search import (
     result_of,
     search,
     store_connection,
+    version_fact,
     visible_clause,
 )
 from schemas.answers import (
@@ -298,19 +300,13 @@ class KnowledgeBase:
         with self._call(caller, "list_sources", ""):
             runs = self._runs()
             try:
-                table, version = published_table(self.cfg)
+                version, (chunks, docs) = in_published_version(self.cfg, functools.partial(self._tally,
+                                                                                           caller.clearance))
             except StoreError:  # nothing ingested yet: every source is empty
                 return SourcesAnswer(sources=[_source(s.name, s.kind, 0, set(), {}) for s in self.cfg.sources],
                                      published_version=None, published_run=None, published_at=None,
                                      last_run=runs[-1].run_id if runs else None,
                                      last_run_at=runs[-1].finished_at if runs else None)
-            guard = visible_clause(table, str(self.cfg.store.uri), version, caller.clearance)
-            rows = table.search().where(guard).select(["source", "doc_id"]).limit(None).to_arrow()
-            chunks: dict[str, int] = {}
-            docs: dict[str, set[str]] = {}
-            for src, doc in zip(rows["source"].to_pylist(), rows["doc_id"].to_pylist(), strict=True):
-                chunks[src] = chunks.get(src, 0) + 1
-                docs.setdefault(src, set()).add(doc)
             mtimes = modified_times(self.cfg)
             sources = [_source(s.name, s.kind, chunks.get(s.name, 0), docs.get(s.name, set()), mtimes)
                        for s in self.cfg.sources]
@@ -320,6 +316,29 @@ class KnowledgeBase:
                                  published_at=published.finished_at if published else None,
                                  last_run=runs[-1].run_id if runs else None,
                                  last_run_at=runs[-1].finished_at if runs else None)
+
+    def _tally(self, clearance: str, table: lancedb.table.Table, version: int
+               ) -> tuple[int, tuple[dict[str, int], dict[str, set[str]]]]:
+        """Chunks and documents per source that a clearance may read in one version: counted once per version.
+
+        Counting reads two columns of every row (~90 ms of CPU at 19.2k chunks), and every caller asks the same
+        version again; a version with rows that expire is counted at each call, since rows leave it as time passes.
+        """
+        store = str(self.cfg.store.uri)
+
+        def count(t: lancedb.table.Table) -> tuple[dict[str, int], dict[str, set[str]]]:
+            guard = visible_clause(t, store, version, clearance)
+            rows = t.search().where(guard).select(["source", "doc_id"]).limit(None).to_arrow()
+            chunks: dict[str, int] = {}
+            docs: dict[str, set[str]] = {}
+            for src, doc in zip(rows["source"].to_pylist(), rows["doc_id"].to_pylist(), strict=True):
+                chunks[src] = chunks.get(src, 0) + 1
+                docs.setdefault(src, set()).add(doc)
+            return chunks, docs
+
+        if has_expiring_rows(table, store, version):
+            return version, count(table)
+        return version, version_fact(table, store, version, f"sources:{clearance}", count)
 
     def published_version(self) -> int | None:
         """The chunks-table version readers are served now, None before the first run: what change notices follow."""

@@ -320,7 +320,11 @@ def commit_documents(db: lancedb.DBConnection, rows: pa.Table, deleted: list[str
 # Rows added after an index was built are still found (searched without the index); past this many, the index
 # is brought up to date so searches stay fast.
 MAX_UNINDEXED = 5_000
-SCALAR_MIN_ROWS = 1_000  # smaller tables: the clearance and expiry prefilter scans them quickly without indexes
+SCALAR_MIN_ROWS = 1_000  # smaller tables: their scalar columns are scanned quickly without indexes
+# The columns reads look rows up by, each with its index: the clearance and expiry prefilter of every search;
+# chunk_id and doc_id for a context (the chunk, then its neighbours), a run's deletions and an as_of level check.
+# Without them each is a scan of the column: a context at 19.2k chunks took ~50 ms of CPU, with them ~27.
+SCALAR_INDEXES = {"access_level": Bitmap, "expires_at": BTree, "chunk_id": BTree, "doc_id": BTree}
 # The full-text index sooner: each row it lacks is tokenized again by every full-text or hybrid query (~29 us a
 # row: 4,718 such rows made a query 136 ms instead of 2 ms; bench/README.md, "Searches through the servers"),
 # while folding them in took 0.27 s once. 500 rows cost a query ~15 ms at most.
@@ -363,11 +367,11 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
         table.create_index("vector", config=HnswSq(distance_type="cosine", num_partitions=max(1, rows // 4096)),
                            replace=True)
         coverage = index_coverage(table)
-    if (rows >= SCALAR_MIN_ROWS or "vector" in coverage) and not _has_prefilter_indexes(table):
+    if rows >= SCALAR_MIN_ROWS or "vector" in coverage:
         # Every search prefilters on clearance (and expiry, where rows expire): without these the prefilter reads
         # both columns of every row, and an exact vector search at 19k rows took 90 ms instead of 25 (~20 ms to build).
-        table.create_index("access_level", config=Bitmap(), replace=True)
-        table.create_index("expires_at", config=BTree(), replace=True)
+        for column in missing_scalar_indexes(table):
+            table.create_index(column, config=SCALAR_INDEXES[column](), replace=True)
     if fulltext and ("fulltext" not in coverage or not fulltext_current(table, language, recount=merge)):
         create_fulltext_index(table, language)
         coverage = index_coverage(table)
@@ -451,9 +455,10 @@ def fulltext_current(table: lancedb.table.Table, language: str = "auto", *, reco
     return name == FTS_PREFIX + (fulltext_language(table, language) or "plain")
 
 
-def _has_prefilter_indexes(table: lancedb.table.Table) -> bool:
-    """Whether the clearance and expiry columns every search filters on are indexed."""
-    return {"access_level", "expires_at"} <= {c for i in table.list_indices() for c in i.columns}
+def missing_scalar_indexes(table: lancedb.table.Table) -> list[str]:
+    """The columns of SCALAR_INDEXES that the table has and that have no index yet."""
+    indexed = {c for i in table.list_indices() for c in i.columns}
+    return [c for c in SCALAR_INDEXES if c in table.schema.names and c not in indexed]
 
 
 def index_coverage(table: lancedb.table.Table) -> dict[str, dict[str, int]]:

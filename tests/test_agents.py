@@ -415,3 +415,26 @@ def test_an_exposed_server_needs_keys_or_an_explicit_insecure_flag():
 
     keys = ApiKeys(keys=(ApiKey(caller="bot", sha256=hashlib.sha256(b"k").hexdigest(), clearance="public"),))
     assert check_exposure("0.0.0.0", keys, False, "inlet mcp") is None, "with keys any address is served"
+
+
+def test_sources_are_counted_per_version_and_clearance(tmp_path, prefect_harness):
+    # Each version's tally is counted once per clearance and kept: a new version is counted again, and one
+    # clearance's count is never another's.
+    from query.service import Caller, open_knowledge_base
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(SAMPLE, corpus)
+    (corpus / "staff.md").write_text(_note(STAFF, access_level="internal"), encoding="utf-8")
+    path = tmp_path / "inlet.yaml"
+    path.write_text(yaml.safe_dump({"sources": [{"name": "club", "path": str(corpus)}],
+                                    "embedding": {"kind": "hashing", "dim": 16},
+                                    "store": {"uri": str(tmp_path / "lancedb"), "artifacts": str(tmp_path / "runs")}}),
+                    encoding="utf-8")
+    ingest(config_path=str(path))
+    kb = open_knowledge_base(load_config(path), tmp_path / "access.jsonl")
+    docs = lambda clearance: kb.list_sources(Caller("x", clearance)).sources[0].documents  # noqa: E731
+    public = docs("public")
+    assert docs("internal") == public + 1 and docs("public") == public, "each clearance its own count"
+    (corpus / "buoys.md").write_text(_note("Yellow racing buoys mark the summer course."), encoding="utf-8")
+    ingest(config_path=str(path))
+    assert (docs("public"), docs("internal")) == (public + 1, public + 2), "a new version is counted anew"

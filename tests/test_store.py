@@ -181,3 +181,23 @@ def test_a_kept_connection_opens_what_another_connection_committed_since(tmp_pat
     other = lancedb.connect(uri)  # another writer, as another process would be
     other.open_table("t").add(pa.table({"a": [2]}))
     assert sorted(store.connect(uri).open_table("t").to_arrow()["a"].to_pylist()) == [1, 2]
+
+
+def test_the_columns_reads_look_rows_up_by_are_indexed_once_the_table_is_past_the_bar(tmp_path, monkeypatch):
+    # A context looks its chunk up by chunk_id and its neighbours by doc_id; every search prefilters on clearance.
+    from store.commit import refresh_indexes
+
+    monkeypatch.setattr("store.commit.SCALAR_MIN_ROWS", 4)
+    rows = lambda n: pa.table({"chunk_id": [f"c{i}" for i in range(n)], "doc_id": [f"d{i // 2}" for i in range(n)],
+                               "access_level": ["public"] * n, "text": [f"row {i}" for i in range(n)],
+                               "expires_at": pa.nulls(n, pa.timestamp("us", tz="UTC"))})
+    table = lancedb.connect(str(tmp_path / "db")).create_table("chunks", rows(3))
+    refresh_indexes(table, fulltext=False, ann_min_rows=10**9)
+    assert table.list_indices() == [], "below the bar: scans are quick"
+    table.add(rows(4).slice(3))
+    refresh_indexes(table, fulltext=False, ann_min_rows=10**9)
+    assert sorted(c for i in table.list_indices() for c in i.columns) == [
+        "access_level", "chunk_id", "doc_id", "expires_at"]
+    assert table.search().where("chunk_id = 'c3'").select(["doc_id"]).to_arrow()["doc_id"].to_pylist() == ["d1"]
+    assert sorted(table.search().where("doc_id = 'd1'").select(["chunk_id"]).to_arrow()["chunk_id"].to_pylist()) == [
+        "c2", "c3"]
