@@ -187,7 +187,9 @@ class KnowledgeBase:
     async def in_time(self, caller: Caller, operation: Callable[..., T], *args: object) -> T:
         """Run one of these operations for caller in a worker thread; past serving.timeout_s, AnswerTimeoutError.
 
-        A thread cannot be stopped: the read goes on, is logged when it ends, and its answer is dropped. The
+        The time spent waiting for a turn (serving.concurrency) counts. A thread cannot be stopped: the read goes
+        on, is logged when it ends, and its answer is dropped; it gives its turn back at once (anyio releases the
+        limiter when it abandons a thread), so for a while more reads than serving.concurrency may run. The
         servers' rate limit bounds how many such reads one caller can leave behind.
         """
         limit = self.cfg.serving.timeout_s
