@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import threading
@@ -259,12 +260,28 @@ def clearance_clause(clearance: str) -> str:
     return f"access_level IN ({', '.join(_quote(a) for a in allowed)})"
 
 
-def visible_clause(table: lancedb.table.Table, store: str, version: int, clearance: str) -> str:
-    """The SQL that keeps what a caller may be served now: rows at or below its clearance, not expired."""
+def visible_clause(table: lancedb.table.Table, store: str, version: int, clearance: str,
+                   now: datetime | None = None) -> str:
+    """The SQL that keeps what a caller may be served at now (default: now): rows at or below its clearance,
+    not expired."""
     guard = clearance_clause(clearance)
     if has_expiring_rows(table, store, version):  # most stores have none: spare every query the clause
-        guard += f" AND (expires_at IS NULL OR expires_at > TIMESTAMP '{datetime.now(UTC):%Y-%m-%dT%H:%M:%S}')"
+        guard += f" AND (expires_at IS NULL OR expires_at > TIMESTAMP '{now or datetime.now(UTC):%Y-%m-%dT%H:%M:%S}')"
     return guard
+
+
+def next_expiry(table: lancedb.table.Table, store: str, version: int, now: datetime) -> datetime | None:
+    """The first moment after now at which a row of this version expires (None: none will).
+
+    What a clearance may read in a version changes only at these moments, so a count of it holds until then.
+    """
+    def expiries(t: lancedb.table.Table) -> list[datetime]:
+        rows = t.search().where("expires_at IS NOT NULL").select(["expires_at"]).limit(None).to_arrow()
+        return sorted({_aware(moment) for moment in rows["expires_at"].to_pylist()})
+
+    moments = version_fact(table, store, version, "expiries", expiries)
+    later = bisect.bisect_right(moments, now)
+    return moments[later] if later < len(moments) else None
 
 
 def published_table(cfg: InletConfig) -> tuple[lancedb.table.Table, int]:

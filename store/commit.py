@@ -326,9 +326,12 @@ SCALAR_MIN_ROWS = 1_000  # smaller tables: their scalar columns are scanned quic
 # Without them each is a scan of the column: a context at 19.2k chunks took ~50 ms of CPU, with them ~27.
 SCALAR_INDEXES = {"access_level": Bitmap, "expires_at": BTree, "chunk_id": BTree, "doc_id": BTree}
 # The full-text index sooner: each row it lacks is tokenized again by every full-text or hybrid query (~29 us a
-# row: 4,718 such rows made a query 136 ms instead of 2 ms; bench/README.md, "Searches through the servers"),
-# while folding them in took 0.27 s once. 500 rows cost a query ~15 ms at most.
-MAX_UNINDEXED_FULLTEXT = 500
+# row: 4,718 such rows made a query 136 ms instead of 2 ms; bench/README.md, "Searches through the servers").
+# On a 19.2k-chunk copy of the load store (the other core busy), 100 / 200 / 500 such rows cost a query 17 / 26 /
+# 42 ms of CPU against 9 with none, while folding them in took 0.04-0.10 s of CPU once: under a served load a fold
+# pays for itself within a few queries. 64 rows cost a query a few ms; a run that changes a few documents
+# (the 1% scenario adds ~18) still publishes without a fold.
+MAX_UNINDEXED_FULLTEXT = 64
 # Each fold adds a small delta segment to every index; past this many deltas, a fold merges them (never
 # into the base segment built over the whole table: that is the maintenance flow's work).
 MAX_DELTAS = 8
