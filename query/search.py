@@ -316,8 +316,11 @@ def _result(row: dict, score: float) -> SearchResult:
 
 def _vector_rows(table: lancedb.table.Table, vector: list[float], clause: str, limit: int,
                  qcfg: QueryConfig, columns: list[str] = _SELECT) -> list[dict]:
+    # The graph search must look at least as wide as the candidates it returns (the refine step's included): else
+    # LanceDB refuses the query (ef must be >= k), as a hybrid search of k 50 (200 a side) was.
+    ef = max(qcfg.ef, limit * max(qcfg.refine_factor, 1))
     query = (table.search(vector, vector_column_name="vector").distance_type("cosine").nprobes(qcfg.nprobes)
-             .ef(qcfg.ef).where(clause, prefilter=True))
+             .ef(ef).where(clause, prefilter=True))
     if qcfg.refine_factor > 1:
         query = query.refine_factor(qcfg.refine_factor)
     return query.select([*columns, "_distance"]).with_row_id(True).limit(limit).to_arrow().to_pylist()

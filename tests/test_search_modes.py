@@ -209,6 +209,10 @@ def test_ann_index_is_built_past_the_size_threshold_and_reports_its_coverage(tmp
     assert any(list(i.columns) == ["vector"] for i in table.list_indices())
     hit = search("doc 7 part 3 notes 7-3", k=1, mode="fulltext", config=config)[0]
     assert search(hit.text, k=1, mode="vector", config=config)[0].chunk_id == hit.chunk_id
+    # More hits than the graph's search breadth (query.ef, 100): the breadth grows to the hits asked for, in every
+    # mode (a hybrid search asks each side for k x candidates).
+    for mode in ("vector", "hybrid"):
+        assert len(search(hit.text, k=50, mode=mode, config=config)) == 50
 
 
 def test_expired_documents_are_left_out_of_every_mode(tmp_path, corpus, write_config):
