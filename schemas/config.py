@@ -377,7 +377,11 @@ class QueryConfig(_Strict):
         None, gt=0, description="Boost recently modified documents in every mode: a hit's score is multiplied by "
         "1 + 0.5 ** (age in days / this), so a document modified now counts double and one this many days old "
         "1.5 times; documents of unknown age are not boosted. None (default): off.")
-    ann_min_rows: int = Field(100_000, ge=256, description="Build the ANN vector index once the chunks table has "
+    # 15,000: from here the index's recall@10 is 0.998 (bench/search_latency.py), exact search reads every vector
+    # of the table per query (~57 ms of CPU at 19.2k chunks against ~17 with the index; a served load is CPU-bound),
+    # and on SciFact (15.2k chunks) the index changed no vector top 10 of 300 queries and no nDCG@10 (0.724 default).
+    # Built once when a run crosses it: ~6 s at 19.2k rows on two cores.
+    ann_min_rows: int = Field(15_000, ge=256, description="Build the ANN vector index once the chunks table has "
                               "this many rows; below it, exact search is fast enough.")
     nprobes: int = Field(12, ge=1, description="ANN index partitions searched per query (of rows / 4096): at 1M "
                          "rows, 12 gives recall@10 0.997 with refine_factor 2, as 20 does, ~3 ms sooner.")
