@@ -19,6 +19,7 @@ from query.search import (
 from schemas.arrow import PUBLISHED_TAG, QUARANTINE_SCHEMA, RUN_COUNTS, conform
 from schemas.config import InletConfig, load_config
 from schemas.errors import StoreError
+from store.tables import tag_versions
 
 _KEYS = ["chunk_id", "doc_id", "text_hash", "enrich_key", "embed_key"]
 
@@ -58,7 +59,7 @@ def versions(config: InletConfig | str | Path = DEFAULT_CONFIG, variant: str | N
     runs, chunks = _table(cfg, cfg.store.runs_table), _table(cfg, cfg.store.chunks_table)
     if runs is None:
         return []
-    tags = {name: info["version"] for name, info in chunks.tags.list().items()} if chunks is not None else {}
+    tags = tag_versions(chunks) if chunks is not None else {}
     published = tags.get(PUBLISHED_TAG)
     out = []
     for row in sorted(runs.to_arrow().to_pylist(), key=lambda r: r["started_at"]):

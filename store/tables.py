@@ -14,6 +14,7 @@ from pathlib import Path
 import lancedb
 import pyarrow as pa
 import pyarrow.compute as pc
+import tenacity
 from filelock import FileLock, Timeout
 
 from schemas.arrow import DOCUMENT_ROWS_SCHEMA, KEPT_SCHEMA, RUNS_SCHEMA, conform
@@ -118,6 +119,21 @@ def tagged_version(table: lancedb.table.Table, tag: str) -> int | None:
         if "does not exist" not in str(exc) and "not found" not in str(exc):
             raise
         return None
+
+
+def _tag_vanished(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and "Not found" in str(exc) and "_refs/tags" in str(exc)
+
+
+@tenacity.retry(retry=tenacity.retry_if_exception(_tag_vanished), stop=tenacity.stop_after_attempt(10),
+                wait=tenacity.wait_random(0.001, 0.02), reraise=True)
+def tag_versions(table: lancedb.table.Table) -> dict[str, int]:
+    """Each tag of the table and the version it points at, read again if a tag went while they were read.
+
+    Lance lists the tag files, then reads each: a tag deleted in between (maintenance moves the published tag
+    to a compacted version by deleting and creating it; old run tags are dropped) fails the whole listing.
+    """
+    return {name: info["version"] for name, info in table.tags.list().items()}
 
 
 def sql_list(values: Iterable[str]) -> str:

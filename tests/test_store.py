@@ -201,3 +201,35 @@ def test_the_columns_reads_look_rows_up_by_are_indexed_once_the_table_is_past_th
     assert table.search().where("chunk_id = 'c3'").select(["doc_id"]).to_arrow()["doc_id"].to_pylist() == ["d1"]
     assert sorted(table.search().where("doc_id = 'd1'").select(["chunk_id"]).to_arrow()["chunk_id"].to_pylist()) == [
         "c2", "c3"]
+
+
+def test_tags_are_listed_whole_while_maintenance_moves_the_published_tag(tmp_path):
+    # Lance lists the tag files, then reads each: a tag deleted in between failed the listing (a 500 from
+    # `inlet api` /sources under load, while live maintenance moved the published tag to a compacted version).
+    import threading
+    import time
+
+    from store.tables import tag_versions
+
+    table = lancedb.connect(tmp_path).create_table("t", pa.table({"a": [0]}))
+    for i in range(3):
+        table.add(pa.table({"a": [i]}))
+        table.tags.create(f"run-{i}", table.version)
+    table.tags.create("published", 1)
+    stop = time.monotonic() + 60
+    done = threading.Event()
+
+    def move() -> None:
+        while not done.is_set() and time.monotonic() < stop:
+            table.tags.delete("published")
+            table.tags.create("published", 2)
+
+    mover = threading.Thread(target=move)
+    mover.start()
+    reader = lancedb.connect(tmp_path).open_table("t")
+    try:
+        listings = [tag_versions(reader) for _ in range(300)]
+    finally:
+        done.set()
+        mover.join()
+    assert all({f"run-{i}" for i in range(3)} <= set(tags) for tags in listings)
