@@ -417,19 +417,25 @@ def test_an_exposed_server_needs_keys_or_an_explicit_insecure_flag():
     assert check_exposure("0.0.0.0", keys, False, "inlet mcp") is None, "with keys any address is served"
 
 
-def test_sources_are_counted_per_version_and_clearance(tmp_path, prefect_harness):
-    # Each version's tally is counted once per clearance and kept: a new version is counted again, and one
-    # clearance's count is never another's.
-    from query.service import Caller, open_knowledge_base
-
+def _club(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the sample corpus and a config over it (hashing embedder): (corpus, config path)."""
     corpus = tmp_path / "corpus"
     shutil.copytree(SAMPLE, corpus)
-    (corpus / "staff.md").write_text(_note(STAFF, access_level="internal"), encoding="utf-8")
     path = tmp_path / "inlet.yaml"
     path.write_text(yaml.safe_dump({"sources": [{"name": "club", "path": str(corpus)}],
                                     "embedding": {"kind": "hashing", "dim": 16},
                                     "store": {"uri": str(tmp_path / "lancedb"), "artifacts": str(tmp_path / "runs")}}),
                     encoding="utf-8")
+    return corpus, path
+
+
+def test_sources_are_counted_per_version_and_clearance(tmp_path, prefect_harness):
+    # Each version's tally is counted once per clearance and kept: a new version is counted again, and one
+    # clearance's count is never another's.
+    from query.service import Caller, open_knowledge_base
+
+    corpus, path = _club(tmp_path)
+    (corpus / "staff.md").write_text(_note(STAFF, access_level="internal"), encoding="utf-8")
     ingest(config_path=str(path))
     kb = open_knowledge_base(load_config(path), tmp_path / "access.jsonl")
     docs = lambda clearance: kb.list_sources(Caller("x", clearance)).sources[0].documents  # noqa: E731
@@ -445,16 +451,10 @@ def test_sources_are_counted_again_once_a_row_expires_and_runs_once_a_run_lands(
     # read again when a run writes its row.
     from datetime import UTC, datetime, timedelta
 
-    from query.search import _published_table, next_expiry
+    from query.search import next_expiry, published_table
     from query.service import Caller, open_knowledge_base
 
-    corpus = tmp_path / "corpus"
-    shutil.copytree(SAMPLE, corpus)
-    path = tmp_path / "inlet.yaml"
-    path.write_text(yaml.safe_dump({"sources": [{"name": "club", "path": str(corpus)}],
-                                    "embedding": {"kind": "hashing", "dim": 16},
-                                    "store": {"uri": str(tmp_path / "lancedb"), "artifacts": str(tmp_path / "runs")}}),
-                    encoding="utf-8")
+    corpus, path = _club(tmp_path)
     ingest(config_path=str(path))
     kb = open_knowledge_base(load_config(path), tmp_path / "access.jsonl")
     caller = Caller("x", "public")
@@ -466,7 +466,7 @@ def test_sources_are_counted_again_once_a_row_expires_and_runs_once_a_run_lands(
     ingest(config_path=str(path))
     assert [v.run_id for v in kb.versions(caller).versions][:1] == [before.last_run], "the new run is listed"
     assert len(kb.versions(caller).versions) == 2
-    table, version, _ = _published_table(load_config(path), None)
+    table, version = published_table(load_config(path))
     assert datetime.now(UTC) < ends, "the ingest took longer than the note lives: make it live longer"
     assert next_expiry(table, str(tmp_path / "lancedb"), version, datetime.now(UTC)) == ends
     assert kb.list_sources(caller).sources[0].documents == before.sources[0].documents + 1, "not yet expired"
