@@ -22,7 +22,7 @@ from query.fusion import fuse_sides
 from schemas.arrow import PUBLISHED_TAG
 from schemas.config import ACCESS_LEVELS, InletConfig, QueryConfig, load_config
 from schemas.errors import EmbedderMismatchError, QueryError, StoreError
-from store.tables import tagged_version
+from store.tables import tag_versions
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 _COLUMNS = ("source", "doc_type", "access_level", "language", "title", "uri", "doc_id")
@@ -181,9 +181,9 @@ def resolve_version(table: lancedb.table.Table, as_of: int | str | datetime) -> 
             raise QueryError(msg)
         return as_of
     if isinstance(as_of, str):
-        tagged = tagged_version(table, as_of)
-        if tagged is not None:
-            return tagged
+        tags = tag_versions(table)  # listed, not read by name: most strings (ISO times) are not valid tag names
+        if as_of in tags:
+            return tags[as_of]
         try:
             as_of = datetime.fromisoformat(as_of)
         except ValueError:
