@@ -446,30 +446,39 @@ def test_sources_are_counted_per_version_and_clearance(tmp_path, prefect_harness
     assert (docs("public"), docs("internal")) == (public + 1, public + 2), "a new version is counted anew"
 
 
-def test_sources_are_counted_again_once_a_row_expires_and_runs_once_a_run_lands(tmp_path, prefect_harness):
+def test_sources_are_counted_again_once_a_row_expires_and_runs_once_a_run_lands(tmp_path, prefect_harness,
+                                                                                 monkeypatch):
     # A version whose rows expire keeps its tally only until the next of them expires; the runs history is
-    # read again when a run writes its row.
+    # read again when a run writes its row. The server's clock is moved on rather than waited for.
     from datetime import UTC, datetime, timedelta
 
+    import query.service
     from query.search import next_expiry, published_table
     from query.service import Caller, open_knowledge_base
 
+    class Later(datetime):
+        shift = timedelta(0)
+
+        @classmethod
+        def now(cls, tz=None):  # noqa: ANN001, ANN206 - datetime.now's own signature
+            return datetime.now(tz) + cls.shift
+
+    monkeypatch.setattr(query.service, "datetime", Later)
     corpus, path = _club(tmp_path)
     ingest(config_path=str(path))
     kb = open_knowledge_base(load_config(path), tmp_path / "access.jsonl")
     caller = Caller("x", "public")
     before = kb.list_sources(caller)
     assert len(kb.versions(caller).versions) == 1
-    ends = (datetime.now(UTC) + timedelta(seconds=8)).replace(microsecond=0)
+    ends = (datetime.now(UTC) + timedelta(hours=1)).replace(microsecond=0)
     (corpus / "notice.md").write_text(_note("The slipway is closed for repairs.", expires_at=ends.isoformat()),
                                       encoding="utf-8")
     ingest(config_path=str(path))
     assert [v.run_id for v in kb.versions(caller).versions][:1] == [before.last_run], "the new run is listed"
     assert len(kb.versions(caller).versions) == 2
     table, version = published_table(load_config(path))
-    assert datetime.now(UTC) < ends, "the ingest took longer than the note lives: make it live longer"
     assert next_expiry(table, str(tmp_path / "lancedb"), version, datetime.now(UTC)) == ends
     assert kb.list_sources(caller).sources[0].documents == before.sources[0].documents + 1, "not yet expired"
-    time.sleep(max(0.0, (ends - datetime.now(UTC)).total_seconds()) + 1.1)
-    assert next_expiry(table, str(tmp_path / "lancedb"), version, datetime.now(UTC)) is None
+    Later.shift = timedelta(hours=2)
+    assert next_expiry(table, str(tmp_path / "lancedb"), version, Later.now(UTC)) is None
     assert kb.list_sources(caller).sources[0].documents == before.sources[0].documents, "counted again: gone"
