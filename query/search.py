@@ -263,8 +263,7 @@ def clearance_clause(clearance: str) -> str:
 
 def visible_clause(table: lancedb.table.Table, store: str, version: int, clearance: str,
                    now: datetime | None = None) -> str:
-    """The SQL that keeps what a caller may be served at now (default: now): rows at or below its clearance,
-    not expired."""
+    """The SQL that keeps what a caller may be served at now (default: the clock): its clearance, not expired."""
     guard = clearance_clause(clearance)
     if has_expiring_rows(table, store, version):  # most stores have none: spare every query the clause
         guard += f" AND (expires_at IS NULL OR expires_at > TIMESTAMP '{now or datetime.now(UTC):%Y-%m-%dT%H:%M:%S}')"
