@@ -22,6 +22,7 @@ export no_proxy := $(NO_PROXY)
 # The local Prefect server (API + UI) that `make deploy`, `make worker` and `inlet serve` talk to.
 PREFECT_PORT ?= 4311
 API_URL      := http://127.0.0.1:$(PREFECT_PORT)/api
+export PREFECT_SERVER_API_PORT ?= $(PREFECT_PORT)
 POOL         ?= local-proc
 
 .PHONY: setup run test test-fast clean server deploy worker serve
@@ -50,9 +51,13 @@ $(STAMP): pyproject.toml constraints.txt $(MODEL_FILES)
 	$(PY) -m compileall -qq -j 0 $(VENV)/lib || echo "compileall: some third-party files are not Python 3; left uncompiled, as pip leaves them"
 	@touch $(STAMP)
 
+# Ends with where to look next: the UI (or how to get one) and how to ask another question.
 run: setup
 	$(VENV)/bin/inlet ingest
 	$(VENV)/bin/inlet query "$(QUESTION)" -k 3
+	@echo
+	@$(VENV)/bin/inlet server --status || true
+	@echo 'ask your own question: .venv/bin/inlet query "..."   (every command: .venv/bin/inlet --help)'
 
 # Two pytest workers (pytest-xdist), one per core: most tests wait on subprocesses, servers or disk.
 # loadfile: a test file runs on one worker, so its module fixture (the bad corpus ingest, the runners'
@@ -64,13 +69,10 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -n 2 -m "not flow and not slow"
 
-# Prefect's own variables, not --port: with --port the UI still calls the default port.
-# Flow runs (with their task runs, states and logs) older than a week are vacuumed, as events already are: live
-# mode makes a flow run per micro-batch (docs/operations.md, "Live mode").
+# Prefect's own variables, not --port: with --port the UI still calls the default port. `inlet server` says so
+# and stops if one already answers there; every inlet command without a PREFECT_API_URL then uses it.
 server: setup
-	PREFECT_SERVER_API_HOST=127.0.0.1 PREFECT_SERVER_API_PORT=$(PREFECT_PORT) \
-	  PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED='["events","flow_runs"]' PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD=P7D \
-	  $(VENV)/bin/prefect server start
+	PREFECT_SERVER_API_HOST=127.0.0.1 PREFECT_SERVER_API_PORT=$(PREFECT_PORT) $(VENV)/bin/inlet server
 
 deploy: setup
 	PREFECT_API_URL=$(API_URL) $(VENV)/bin/prefect work-pool inspect $(POOL) >/dev/null 2>&1 || \

@@ -1,13 +1,20 @@
-"""Benchmark: how long the command line takes to answer, start-up included (what a user waits for).
+"""Benchmark: what a person waits for at the terminal, each command a whole process timed from the shell.
 
-    .venv/bin/python bench/startup.py                        # this checkout, 7 reps
+    .venv/bin/python bench/startup.py                        # shipped config (e5), 5 reps, cold and warm
+    .venv/bin/python bench/startup.py --reps 3 --no-cold     # without dropping the page cache
     git worktree add /tmp/old <commit>
     .venv/bin/python bench/startup.py --compare /tmp/old     # alternating with another checkout
 
-Ingests data/sample once (hashing embedder), then times `inlet versions` and `inlet query` as
-whole processes, each checkout's run alternating with the other's so that a noisy machine hits
-both alike. Medians and, with --compare, the ratio. A checkout runs with its own code: the
-command is started in its folder, which Python puts first on the import path.
+The shipped configs/inlet.yaml with its store and runs moved to a temporary folder (the sample corpus, e5,
+keyword enrichment). Timed, each as `python -m inlet.cli ...` started in the checkout's folder:
+
+- first ingest: a new store, with a local Prefect server running (`inlet server`, started once);
+- no-op ingest: the same store again, with the server, and without one (Prefect's temporary server);
+- query: `inlet query "..." -k 1` (the e5 model loads in the process).
+
+Cold: the kernel's page cache is dropped before the run (needs root; said when it cannot), so files are read from
+disk as after a reboot; warm: the same command run again. Medians of --reps; the first ingest is one run per rep,
+each with a new store. Then the top imports of each command by time (`python -X importtime`, one run, warm).
 """
 
 from __future__ import annotations
@@ -15,58 +22,154 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = {"versions": ["versions"], "query": ["query", "How do I winterize the outboard engine?", "-k", "1"]}
+QUESTION = "How do I winterize the outboard engine?"
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 
-def _inlet(checkout: Path, args: list[str], config: Path, env: dict[str, str]) -> float:
-    """Run one inlet command from a checkout; return its wall seconds."""
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shipped_config(work: Path, name: str) -> Path:
+    """configs/inlet.yaml with its sample source kept and its store and runs under work/name."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "configs" / "inlet.yaml").read_text(encoding="utf-8"))
+    data["sources"][0]["path"] = str(ROOT / "data" / "sample")
+    data["store"].update(uri=str(work / name / "lancedb"), artifacts=str(work / name / "runs"))
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def drop_page_cache() -> bool:
+    """Write dirty pages and drop the page cache; False when this process may not."""
+    try:
+        os.sync()
+        DROP_CACHES.write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def run(checkout: Path, args: list[str], env: dict[str, str], *, cold: bool = False,
+        importtime: bool = False) -> tuple[float, str]:
+    """Run one inlet command from a checkout; return its wall seconds and its stderr."""
+    if cold and not drop_page_cache():
+        raise RuntimeError("cannot drop the page cache (needs root): run with --no-cold")
+    cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "inlet.cli", *args]
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "inlet.cli", *args, "--config", str(config)], cwd=checkout, env=env,
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, check=False)
     took = time.perf_counter() - start
     if out.returncode != 0:
         raise RuntimeError(f"{checkout}: inlet {' '.join(args)} failed:\n{out.stderr[-3000:]}")
-    return took
+    return took, out.stderr
+
+
+def top_imports(stderr: str, n: int = 8) -> list[tuple[str, float]]:
+    """The n top-level imports (as Python's -X importtime prints them) that took longest, in seconds."""
+    rows = []
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        _self, cumulative, name = line.removeprefix("import time:").split("|")
+        if not name.startswith(" ") or name.startswith("  "):  # depth 0 only: one name, one line
+            continue
+        rows.append((name.strip(), int(cumulative) / 1e6))
+    return sorted(rows, key=lambda r: -r[1])[:n]
+
+
+def start_server(env: dict[str, str]) -> subprocess.Popen:
+    """Start `inlet server` with env; return once its health check answers."""
+    proc = subprocess.Popen([sys.executable, "-m", "inlet.cli", "server"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{env['PREFECT_SERVER_API_PORT']}/api/health"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.read().strip() == b"true":
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("the Prefect server did not answer in 120 s")
+
+
+def measure(checkouts: list[Path], work: Path, reps: int, cold: bool) -> dict[tuple[str, str, str], list[float]]:
+    """Time every command on every checkout, alternating checkouts so that a noisy machine hits each alike."""
+    base = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    server_env = {**base, "PREFECT_HOME": str(work / "prefect-home"), "PREFECT_SERVER_API_PORT": str(_free_port())}
+    # No server: a port nothing listens on, so the command falls back to Prefect's temporary server.
+    alone_env = {**server_env, "PREFECT_SERVER_API_PORT": str(_free_port())}
+    times: dict[tuple[str, str, str], list[float]] = {}
+    server = start_server(server_env)
+    try:
+        for rep in range(reps):
+            for i, checkout in enumerate(checkouts):
+                config = shipped_config(work, f"store-{i}-{rep}")
+                key = str(checkout)
+                first = ["ingest", "--quiet", "--config", str(config)]
+                noop = ["ingest", "--quiet", "--config", str(config)]
+                query = ["query", QUESTION, "-k", "1", "--config", str(config)]
+                for name, args, env in (("first ingest (server)", first, server_env),
+                                        ("no-op ingest (server)", noop, server_env),
+                                        ("no-op ingest (no server)", noop, alone_env),
+                                        ("query (e5)", query, server_env)):
+                    if cold and name != "first ingest (server)":  # the first ingest is its own cold run
+                        times.setdefault((key, name, "cold"), []).append(run(checkout, args, env, cold=True)[0])
+                    kind = "cold" if cold and name == "first ingest (server)" else "warm"
+                    times.setdefault((key, name, kind), []).append(run(checkout, args, env,
+                                                                       cold=cold and kind == "cold")[0])
+                print(f"rep {rep + 1}/{reps} {checkout}: " + ", ".join(
+                    f"{n} {kind} {v[-1]:.2f}s" for (c, n, kind), v in times.items() if c == key), flush=True)
+        print("\nTop imports (one warm run each, cumulative seconds):")
+        config = shipped_config(work, "store-0-0")
+        for name, args, env in (("no-op ingest", ["ingest", "--quiet", "--config", str(config)], server_env),
+                                ("query", ["query", QUESTION, "-k", "1", "--config", str(config)], server_env)):
+            _took, stderr = run(checkouts[0], args, env, importtime=True)
+            print(f"- {name}: " + ", ".join(f"{m} {s:.2f}" for m, s in top_imports(stderr)))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return times
 
 
 def main() -> None:
-    """Parse arguments, ingest the sample once and time the commands."""
+    """Parse arguments, time the commands and print the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--no-cold", action="store_true", help="do not drop the page cache (warm runs only)")
     parser.add_argument("--compare", type=Path, help="another checkout of Inlet to time against this one")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="inlet-startup-"))
+    checkouts = [ROOT, *([args.compare.resolve()] if args.compare else [])]
     try:
-        corpus = work / "corpus"
-        shutil.copytree(ROOT / "data" / "sample", corpus)
-        config = work / "inlet.yaml"
-        config.write_text(f"sources:\n  - {{name: sample, path: '{corpus}'}}\nembedding: {{kind: hashing, dim: 64}}\n"
-                          f"store: {{uri: '{work / 'lancedb'}', artifacts: '{work / 'runs'}'}}\n", encoding="utf-8")
-        env = {**os.environ, "PREFECT_HOME": str(work / "prefect")}
-        _inlet(ROOT, ["ingest", "--quiet"], config, env)
-        checkouts = [ROOT, *([args.compare.resolve()] if args.compare else [])]
-        times: dict[tuple[str, str], list[float]] = {}
-        for _ in range(args.reps):
-            for name, command in COMMANDS.items():
-                for checkout in checkouts:
-                    times.setdefault((str(checkout), name), []).append(_inlet(checkout, command, config, env))
-        print("| checkout | command | median s | min-max s |\n|---|---|---:|---:|")
-        for (checkout, name), values in times.items():
-            print(f"| {checkout} | {name} | {statistics.median(values):.2f} | {min(values):.2f}-{max(values):.2f} |")
-        if args.compare:
-            for name in COMMANDS:
-                ours, theirs = (statistics.median(times[(str(c), name)]) for c in checkouts)
-                print(f"{name}: {theirs / ours:.2f}x faster than {args.compare}")
+        times = measure(checkouts, work, args.reps, cold=not args.no_cold)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    print("\n| checkout | command | cache | median s | min-max s | runs |\n|---|---|---|---:|---:|---:|")
+    for (checkout, name, kind), values in times.items():
+        print(f"| {Path(checkout).name} | {name} | {kind} | {statistics.median(values):.2f} | "
+              f"{min(values):.2f}-{max(values):.2f} | {len(values)} |")
+    if args.compare:
+        for (checkout, name, kind), values in times.items():
+            if checkout == str(ROOT):
+                theirs = times[(str(checkouts[1]), name, kind)]
+                print(f"{name} ({kind}): {statistics.median(theirs) / statistics.median(values):.2f}x faster "
+                      f"than {args.compare}")
 
 
 if __name__ == "__main__":

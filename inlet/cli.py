@@ -12,12 +12,16 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 import providers  # noqa: F401 - offline switches before Prefect loads
+from runtime.prefect_api import START_HINT, default_local_port
 from schemas.arrow import PLAN_COUNTS, RUN_COUNTS
 from schemas.errors import InletError, PublishHeldError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from rich.console import Console
 
+    from runtime.prefect_api import PrefectApi
     from query.search import SearchResult
     from query.service import KnowledgeBase
     from schemas.config import ApiKeys, InletConfig
@@ -27,6 +31,20 @@ app = typer.Typer(help="Keep a LanceDB knowledge base fresh and search it.", no_
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.")]
 VariantOpt = Annotated[str | None, typer.Option(help="A named index variant of the config (default: the main index).")]
+
+
+default_local_port()  # Inlet's local Prefect server port (4311) unless PREFECT_SERVER_API_PORT says otherwise
+
+
+@contextlib.contextmanager
+def _prefect_api(*, quiet: bool = False) -> Iterator[PrefectApi]:
+    """Flow runs in the body use the configured Prefect API, else the local server; say once if neither runs."""
+    from runtime.prefect_api import use_prefect_api
+
+    with use_prefect_api() as api:
+        if api.source == "temporary" and not quiet:
+            typer.secho(f"note: {START_HINT.format(ui=api.ui)}", fg=typer.colors.YELLOW, err=True)
+        yield api
 
 
 def _fail(exc: Exception) -> None:
@@ -81,12 +99,15 @@ def ingest(
     from runtime.progress import terminal_bars
     from schemas.config import load_config
 
-    held = None
+    held, page = None, None
     try:
         load_config(config)  # fail on a bad config before Prefect starts
-        with contextlib.nullcontext() if quiet or as_json else terminal_bars():
-            summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined,
-                                  allow_deletions=allow_deletions, max_cost_usd=max_cost_usd, allow_cost=allow_cost)
+        with _prefect_api(quiet=quiet) as api, contextlib.nullcontext() if quiet or as_json else terminal_bars():
+            state = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined,
+                                allow_deletions=allow_deletions, max_cost_usd=max_cost_usd, allow_cost=allow_cost,
+                                return_state=True)
+            page = api.flow_run_page(state.state_details.flow_run_id)
+            summary = state.result()
     except PublishHeldError as exc:  # committed and reported, not published
         summary, held = exc.summary, exc
     except InletError as exc:
@@ -95,6 +116,8 @@ def ingest(
         typer.echo(json.dumps(summary, indent=2, default=str))
     elif not quiet:
         _print_summary(summary)
+        typer.echo(f"this run in the Prefect UI: {page}" if page else
+                   "runs stay in a UI when a Prefect server runs: `make server` (or `inlet server`)")
     if held is not None:
         for row in summary["gate"]["lost"] if summary.get("gate") else []:
             typer.secho(f"  lost: {row['question']} (gold: {row['gold']})", fg=typer.colors.YELLOW)
@@ -140,8 +163,9 @@ def plan(
 
     try:
         load_config(config)
-        summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined,
-                              allow_deletions=allow_deletions, dry_run=True)
+        with _prefect_api(quiet=as_json):
+            summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined,
+                                  allow_deletions=allow_deletions, dry_run=True)
     except InletError as exc:
         _fail(exc)
     if as_json:
@@ -361,8 +385,10 @@ def eval_(
         _fail(ValueError("give a data set to evaluate, or --calibrate QUESTIONS.csv"))
     try:
         weights = [_weights(w) for w in sweep or []]
-        report = evaluate(dataset=str(dataset), config_path=str(config), workdir=str(workdir) if workdir else None,
-                          sweep=weights or None, max_queries=max_queries, keep_runs=keep_runs)
+        with _prefect_api():
+            report = evaluate(dataset=str(dataset), config_path=str(config),
+                              workdir=str(workdir) if workdir else None, sweep=weights or None,
+                              max_queries=max_queries, keep_runs=keep_runs)
     except (InletError, ValueError) as exc:
         _fail(exc)
     table = Table("set", "variant", "mode", "nDCG@10 (95% interval)", "recall@10", "MRR@10", "queries",
@@ -384,8 +410,9 @@ def _calibrate(questions: Path, config: Path, workdir: Path | None) -> None:
     from flows.eval import calibrate
 
     try:
-        report = calibrate(questions=str(questions), config_path=str(config),
-                           workdir=str(workdir) if workdir else None)
+        with _prefect_api():
+            report = calibrate(questions=str(questions), config_path=str(config),
+                               workdir=str(workdir) if workdir else None)
     except (InletError, ValueError) as exc:
         _fail(exc)
     for name in ("before", "after", "gain"):
@@ -411,7 +438,8 @@ def maintain(
     from flows.maintenance import maintenance
 
     try:
-        report = maintenance(config_path=str(config), retention_days=retention_days, repair=repair)
+        with _prefect_api():
+            report = maintenance(config_path=str(config), retention_days=retention_days, repair=repair)
     except InletError as exc:
         _fail(exc)
     table = Table("table", "versions", "fragments", "rows", "run tags removed", title="maintenance")
@@ -444,7 +472,36 @@ def serve(
         deployments = runner_deployments(names=deployment)
     except InletError as exc:
         _fail(exc)
-    prefect_serve(*deployments)
+    with _prefect_api():
+        prefect_serve(*deployments)
+
+
+@app.command()
+def server(
+    status: Annotated[bool, typer.Option("--status", help="Only say whether the local server answers, and where "
+                                         "(exit code 1 if it does not).")] = False,
+) -> None:
+    """Run the local Prefect server and UI (127.0.0.1:4311) that every inlet command then uses; Ctrl-C stops it.
+
+    Where: Prefect's PREFECT_SERVER_API_HOST and PREFECT_SERVER_API_PORT. A PREFECT_API_URL of your own (environment
+    or Prefect profile) always wins over it. Flow runs older than a week are vacuumed, as events already are: live
+    mode makes a flow run per micro-batch.
+    """
+    from runtime.prefect_api import answers, local_server_url
+
+    url = local_server_url()
+    ui = url.removesuffix("/api")
+    if answers(url):
+        typer.echo(f"a Prefect server answers at {url}: the UI is at {ui}; inlet commands use it")
+        return
+    if status:
+        typer.echo(f"no Prefect server answers at {url}: start one with `make server` (or `inlet server`)")
+        raise typer.Exit(1)
+    typer.echo(f"starting the Prefect server: API {url}, UI {ui} (Ctrl-C stops it)", err=True)
+    env = {"PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED": '["events","flow_runs"]',
+           "PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD": "P7D", **os.environ}
+    # The server becomes this process, so Ctrl-C and a service manager's signals reach it directly.
+    os.execve(sys.executable, [sys.executable, "-m", "prefect", "server", "start"], env)
 
 
 @app.command()
@@ -497,7 +554,8 @@ def watch(
             typer.echo(f"{line['at'][:19]} {batch.kind} done in {line['seconds']:.2f} s")
 
     try:
-        watch_loop(config, events=events, emit_only=emit_only, stop=stop, on_batch=on_batch, on_ready=on_ready)
+        with _prefect_api(quiet=as_json):
+            watch_loop(config, events=events, emit_only=emit_only, stop=stop, on_batch=on_batch, on_ready=on_ready)
     except InletError as exc:
         _fail(exc)
 

@@ -24,6 +24,19 @@ CORPORA = SHARED / "corpora"
 os.environ.setdefault("PREFECT_HOME", str(ROOT / ".prefect"))
 
 
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# `inlet` commands use a local Prefect server that answers at PREFECT_SERVER_API_PORT (runtime/prefect_api.py). The
+# tests' commands go to the session's server or a temporary one, never to a developer's `make server` on 4311.
+os.environ["PREFECT_SERVER_API_PORT"] = str(_closed_port())
+
+
 # The test server's services that turn every task run's events into rows and react to them. No test reads task
 # runs or events from this server (tests/test_real_server.py starts a server of its own with every service on),
 # and recording them was a third of the CPU of a run-heavy test file (py-spy on the server: the task-run recorder

@@ -51,6 +51,8 @@ def test_ingest_then_query_from_the_command_line(corpus, write_config, server_en
     config = write_config(corpus)
     ingest = _run("ingest", "--config", str(config), "--json")
     assert ingest.returncode == 0, ingest.stderr[-2000:]
+    # No PREFECT_API_URL and no local server: a temporary one, and the user is told once how to do without it.
+    assert ingest.stderr.count("no Prefect server is running") == 1 and "`make server`" in ingest.stderr
     summary = json.loads(ingest.stdout[ingest.stdout.index("{"):])
     assert summary["docs_new"] == 5 and summary["texts_embedded"] > 0
     query = _run("query", "wind limits for laser dinghies", "-k", "1", "--where", "tags=sailing",
@@ -70,6 +72,44 @@ def test_ingest_then_query_from_the_command_line(corpus, write_config, server_en
     kept = _run("maintain", "--config", str(config), env=server_env)  # the ingest above tried the temporary server
     assert kept.returncode == 0 and "0 integrity findings" in kept.stdout, kept.stderr[-2000:]
     assert "chunks" in kept.stdout and "documents" in kept.stdout
+
+
+def test_ingest_uses_the_local_server_that_answers_and_links_its_run(corpus, write_config, prefect_harness):
+    """With no PREFECT_API_URL, a run goes to the server at Prefect's server host and port, if one answers there."""
+    import asyncio
+    from urllib.parse import urlparse
+
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    api = str(PREFECT_API_URL.value())
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_SERVER_API_PORT"] = str(urlparse(api).port)  # the session's server stands in for `inlet server`
+    out = _run("ingest", "--config", str(write_config(corpus)), env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "no Prefect server is running" not in out.stderr
+    page = re.search(r"this run in the Prefect UI: (\S+)/runs/flow-run/([0-9a-f-]{36})", out.stdout)
+    assert page and page[1] == api.removesuffix("/api"), out.stdout[-1000:]
+
+    async def _state() -> str:
+        async with get_client() as client:
+            return (await client.read_flow_run(page[2])).state.type.value
+
+    assert asyncio.run(_state()) == "COMPLETED"  # the run the link names is in that server, finished
+
+
+def test_server_status_says_where_the_local_server_is_or_how_to_start_it(prefect_harness):
+    from urllib.parse import urlparse
+
+    from prefect.settings import PREFECT_API_URL
+
+    api = str(PREFECT_API_URL.value())
+    env = {**{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
+           "PREFECT_SERVER_API_PORT": str(urlparse(api).port)}
+    up = _run("server", "--status", env=env)
+    assert up.returncode == 0 and f"answers at {api}" in up.stdout, up.stdout + up.stderr
+    down = _run("server", "--status")  # the tests' port, where nothing listens (tests/conftest.py)
+    assert down.returncode == 1 and "`make server`" in down.stdout, down.stdout + down.stderr
 
 
 def test_sweep_weights_are_parsed_or_refused_with_the_expected_form():
