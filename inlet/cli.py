@@ -37,11 +37,16 @@ default_local_port()  # Inlet's local Prefect server port (4311) unless PREFECT_
 
 
 @contextlib.contextmanager
-def _prefect_api(*, quiet: bool = False) -> Iterator[PrefectApi]:
-    """Flow runs in the body use the configured Prefect API, else the local server; say once if neither runs."""
+def _prefect_api(*, quiet: bool = False, flows: str | None = None) -> Iterator[PrefectApi]:
+    """Flow runs in the body use the configured Prefect API, else the local server; say once if neither runs.
+
+    flows: the flow module the body runs, imported while a temporary server (if one is needed) starts.
+    """
+    import importlib
+
     from runtime.prefect_api import use_prefect_api
 
-    with use_prefect_api() as api:
+    with use_prefect_api((lambda: importlib.import_module(flows)) if flows else None) as api:
         if api.source == "temporary" and not quiet:
             typer.secho(f"note: {START_HINT.format(ui=api.ui)}", fg=typer.colors.YELLOW, err=True)
         yield api
@@ -95,17 +100,20 @@ def ingest(
     """Run the ingest flow once on the configured sources, with a progress bar per long stage."""
     if quiet:  # read when Prefect is first imported, below
         os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
-    from flows.ingest import ingest as ingest_flow
-    from runtime.progress import terminal_bars
     from schemas.config import load_config
 
     held, page = None, None
     try:
-        load_config(config)  # fail on a bad config before Prefect starts
-        with _prefect_api(quiet=quiet) as api, contextlib.nullcontext() if quiet or as_json else terminal_bars():
-            state = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined,
-                                allow_deletions=allow_deletions, max_cost_usd=max_cost_usd, allow_cost=allow_cost,
-                                return_state=True)
+        load_config(config)  # fail on a bad config before Prefect or the flow's libraries load
+        with _prefect_api(quiet=quiet, flows="flows.ingest") as api:
+            from flows.ingest import ingest as ingest_flow
+            from runtime.progress import terminal_bars
+
+            bars = contextlib.nullcontext() if quiet or as_json else terminal_bars()
+            with bars:
+                state = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined,
+                                    allow_deletions=allow_deletions, max_cost_usd=max_cost_usd,
+                                    allow_cost=allow_cost, return_state=True)
             page = api.flow_run_page(state.state_details.flow_run_id)
             summary = state.result()
     except PublishHeldError as exc:  # committed and reported, not published
@@ -117,7 +125,7 @@ def ingest(
     elif not quiet:
         _print_summary(summary)
         typer.echo(f"this run in the Prefect UI: {page}" if page else
-                   "runs stay in a UI when a Prefect server runs: `make server` (or `inlet server`)")
+                   "to see runs in the Prefect UI, keep a server running: `make server` (or `inlet server`)")
     if held is not None:
         for row in summary["gate"]["lost"] if summary.get("gate") else []:
             typer.secho(f"  lost: {row['question']} (gold: {row['gold']})", fg=typer.colors.YELLOW)
@@ -158,12 +166,13 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Show what `inlet ingest` would do and cost: crawl, detect, extract and chunk, no store write, no model call."""
-    from flows.ingest import ingest as ingest_flow
     from schemas.config import load_config
 
     try:
         load_config(config)
-        with _prefect_api(quiet=as_json):
+        with _prefect_api(quiet=as_json, flows="flows.ingest"):
+            from flows.ingest import ingest as ingest_flow
+
             summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined,
                                   allow_deletions=allow_deletions, dry_run=True)
     except InletError as exc:
@@ -472,6 +481,11 @@ def serve(
         deployments = runner_deployments(names=deployment)
     except InletError as exc:
         _fail(exc)
+    from runtime.prefect_api import choose_api
+
+    if choose_api().source == "temporary":  # its schedules need a server that stays up, with its scheduler
+        _fail(InletError("inlet serve needs a Prefect server that stays up: start `make server` (or `inlet server`) "
+                         "in another terminal, or set PREFECT_API_URL"))
     with _prefect_api():
         prefect_serve(*deployments)
 

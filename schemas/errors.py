@@ -110,6 +110,10 @@ class WorkerDiedError(InletError):
     """The watcher's worker process died (killed, out of memory) before it answered; its run is redone."""
 
 
+class PrefectServerError(InletError):
+    """The temporary Prefect server a command started did not come up: its output says why."""
+
+
 class PublishHeldError(InletError):
     """A run committed, but the publish gate held its version back: readers keep the published one."""
 
