@@ -59,11 +59,13 @@ run: setup
 	@$(VENV)/bin/inlet server --status || true
 	@echo 'ask your own question: .venv/bin/inlet query "..."   (every command: .venv/bin/inlet --help)'
 
-# Two pytest workers (pytest-xdist), one per core: most tests wait on subprocesses, servers or disk.
-# loadfile: a test file runs on one worker, so its module fixture (the bad corpus ingest, the runners'
-# reference run) is made once, not once per worker.
+# Three pytest workers (pytest-xdist) on two cores: a third of a worker's time is waiting (servers starting,
+# held model answers, events settling), which the third fills. loadfile: a test file runs on one worker, so its
+# module fixture (the bad corpus ingest, the runners' reference run) is made once, not once per worker; the
+# longest files go first (tests/conftest.py), so that none of them starts last. The 15 slowest are printed.
+TEST_WORKERS ?= 3
 test: setup
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The pure stage tests (no flow run, server, object store or model server; nothing marked slow): ~1 minute.
 test-fast: setup

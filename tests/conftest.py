@@ -49,7 +49,7 @@ UNREAD_SERVICES = {"PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED": "false",
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
     """One real, temporary Prefect API server for the whole session; flow runs in this process send no heartbeats."""
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_LOGGING_TO_API_ENABLED, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
     with pytest.MonkeyPatch.context() as env:
@@ -59,8 +59,11 @@ def prefect_harness() -> Iterator[None]:
         # tests/test_ingest_flow.py's time (53.9 s -> 28.5 s without). Heartbeats only let a server mark a crashed
         # run; no test here reads them, and the deployment test (tests/test_real_server.py) runs in a worker
         # process of its own, heartbeats on. None cannot be spelled in an environment variable, hence this form.
+        # Nor do the flow runs of this process send their log lines to the server: no test reads them there (tests
+        # read logs with caplog), and sending and storing them took CPU from the tests beside; the inlet commands
+        # that tests run as subprocesses still send theirs, as a user's do.
         with prefect_test_harness(server_startup_timeout=120), \
-                temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+                temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_LOGGING_TO_API_ENABLED: False}):
             yield
 
 
@@ -69,6 +72,19 @@ def corpus(tmp_path: Path) -> Path:
     """A private copy of the sample corpus that a test may edit."""
     target = tmp_path / "corpus"
     shutil.copytree(SAMPLE, target)
+    return target
+
+
+@pytest.fixture
+def markdown_corpus(tmp_path: Path) -> Path:
+    """A private copy of the sample's Markdown guide alone: read in the run's own process, no extraction worker.
+
+    For tests of orchestration (locks, resumed jobs, linked runs) where the file formats play no part: each
+    non-Markdown document makes a fresh process start an extraction worker (unstructured and spaCy, ~10 s of CPU).
+    """
+    target = tmp_path / "markdown-corpus"  # beside `corpus`, which a fixture of the same test may also make
+    (target / "guides").mkdir(parents=True)
+    shutil.copy2(SAMPLE / "guides" / "boat-maintenance.md", target / "guides" / "boat-maintenance.md")
     return target
 
 
@@ -173,3 +189,15 @@ def file_manifest(folder: Path) -> tuple[int, str]:
     lines = "".join(f"{f.relative_to(folder).as_posix()}  {hashlib.sha256(f.read_bytes()).hexdigest()}\n"
                     for f in files)
     return len(files), hashlib.sha256(lines.encode()).hexdigest()
+
+
+# The files that take longest (summed test time, longest first, measured with --durations on 2 cores). xdist's
+# loadfile hands out whole files in collection order; one of these collected last would run alone at the end.
+LONGEST_FIRST = ("test_watch.py", "test_cli.py", "test_runners.py", "test_isolation.py", "test_crash.py",
+                 "test_real_server.py", "test_plan.py", "test_search_modes.py", "test_fuzz.py", "test_e5_onnx.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Collect the longest test files first (a stable sort: the order within each file stays)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))

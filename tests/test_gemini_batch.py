@@ -127,7 +127,8 @@ def test_embeddings_go_through_batch_mode_with_each_chunk_title_and_resume_after
         srv.stop()
 
 
-def test_a_run_killed_while_waiting_for_its_batch_job_is_resumed_by_the_next(write_config, corpus, monkeypatch):
+def test_a_run_killed_while_waiting_for_its_batch_job_is_resumed_by_the_next(write_config, markdown_corpus,
+                                                                          monkeypatch):
     """A real SIGKILL of the flow's process while the job runs: the next run collects that same job."""
     import os
     import signal
@@ -141,7 +142,7 @@ def test_a_run_killed_while_waiting_for_its_batch_job_is_resumed_by_the_next(wri
     monkeypatch.setenv("GEMINI_API_KEY", KEY)
     srv = GeminiServer(Faults(batch_hold=True)).start()
     try:
-        config = _config(write_config, corpus, srv, mode="always")
+        config = _config(write_config, markdown_corpus, srv, mode="always")
         jobs = Path(load_config(config).store.artifacts) / BATCH_JOBS_DIR
         root = Path(__file__).resolve().parent.parent
         env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(root)}

@@ -304,7 +304,8 @@ def test_with_events_off_the_reconciliation_crawl_alone_converges(prefect_harnes
 
 
 def test_the_worker_starts_with_the_lean_memory_switches_unless_the_environment_sets_them(
-        prefect_harness, corpus, write_config, watching, monkeypatch):
+        prefect_harness, markdown_corpus, write_config, watching, monkeypatch):
+    corpus = markdown_corpus  # the worker's environment is the point, not what it reads
     assert load_config(write_config(corpus)).watch.worker_env == LEAN_MEMORY_ENV, "on by default"
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     monkeypatch.setenv("INLET_TEST_SWITCH", "the user's")
@@ -314,8 +315,9 @@ def test_the_worker_starts_with_the_lean_memory_switches_unless_the_environment_
     assert env["MALLOC_ARENA_MAX"] == "2" and env["INLET_TEST_SWITCH"] == "the user's"
 
 
-def test_a_second_watcher_on_the_same_store_is_refused_at_once(prefect_harness, corpus, write_config, watching):
-    config = write_config(corpus)
+def test_a_second_watcher_on_the_same_store_is_refused_at_once(prefect_harness, markdown_corpus, write_config,
+                                                               watching):
+    config = write_config(markdown_corpus)
     watching(config)
     with pytest.raises(StoreBusyError, match="already watched"):
         watch_loop(config, stop=threading.Event())

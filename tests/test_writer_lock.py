@@ -78,14 +78,15 @@ def test_a_killed_writer_leaves_no_lock_behind(tmp_path):
         pass
 
 
-def test_a_second_ingest_is_refused_while_the_first_is_writing(corpus, write_config, tmp_path, prefect_harness):
+def test_a_second_ingest_is_refused_while_the_first_is_writing(markdown_corpus, write_config, tmp_path,
+                                                            prefect_harness):
     # The first ingest embeds through a Gemini-protocol server that holds every answer until the second ingest
     # has been refused: the first is still writing then, however long the second takes to start.
     gate = threading.Event()
     server = GeminiServer(Faults(gate=gate)).start()
     try:
         # A held answer is not a time-out: the client waits as long as the gate may hold it.
-        config = write_config(corpus, embedding={"kind": "gemini", "dim": 32, "base_url": server.base_url,
+        config = write_config(markdown_corpus, embedding={"kind": "gemini", "dim": 32, "base_url": server.base_url,
                                                  "timeout_s": 300})
         from prefect.settings import PREFECT_API_URL
 
