@@ -39,12 +39,15 @@ from store.model_cache import needs_tidy, prepare_cache
 from store.tables import (
     connect,
     is_remote_store,
+    kept_keys,
     known_documents,
     use_store_options,
     writer_lock,
 )
 from tasks.crawl import crawl_stage, scope_of_paths
 from tasks.detect import detect_stage, refuse_unindexed_failures, settings_fingerprint
+from tasks.extract import start_workers, worker_documents
+from tasks.kept import extraction_fingerprint
 from tasks.load import tidy_cache_stage
 from tasks.plan import batch_bytes, plan_batches, write_batch_documents
 from tasks.plan_report import PlanInfo, plan_report_stage
@@ -160,6 +163,23 @@ def plan_run(cfg: InletConfig, run: RunStart, plans: list[IndexPlan], detected: 
             for plan, d, totals in zip(plans, detected, done.indexes)]
 
 
+def start_extraction_workers(cfg: InletConfig, detected: Detected) -> None:
+    """Start the extraction workers at once when a document of this run must be read by one (none kept for it).
+
+    Their start-up (unstructured and spaCy, ~5 s) then runs on another core while this process loads
+    great-expectations and the models, not inside the first batch's extract stage; a run of Markdown, or of
+    documents re-chunked from kept elements, starts none (tasks/extract.py reads those in this process).
+    """
+    needing = worker_documents(read_artifact(detected.documents, DOCUMENTS_SCHEMA), cfg.extraction)
+    if not needing:
+        return
+    pairs = [(d["doc_id"], d["content_hash"]) for d in needing]
+    kept = kept_keys(cfg.store.uri, [p for p in pairs if p[1]], extraction_fingerprint(cfg.extraction))
+    to_read = [p for p in pairs if p not in kept]
+    if to_read and start_workers(cfg.extraction):
+        get_run_logger().info("starting the extraction workers for %d documents", len(to_read))
+
+
 def check_cost(summaries: list[dict], ceiling: float, plans: list[IndexPlan]) -> None:
     """Stop the run, before any model call, when its plan costs more than the ceiling; say what and why."""
     cost = sum(s["cost_usd"] for s in summaries)
@@ -189,6 +209,8 @@ def index_run(cfg: InletConfig, run: RunStart, plans: list[IndexPlan], detected:
                       keeps=plan.name is None)
                for plan, d in zip(plans, detected)]
     with cpu_pool_for(cfg.execution, sum(sizes)):  # its workers start while GX is imported
+        if batches and cfg.execution.task_runner == "thread":
+            start_extraction_workers(cfg, detected[0])  # they load unstructured while GX and the models load
         if batches and cfg.execution.task_runner == "thread" and any(p.cfg.quality.enabled for p in plans):
             # GX's import (2-3 s, holding the interpreter) before the batches, not inside the first batch's
             # validate, where it slowed every batch beside it; reported apart, as "import gx". Said in the

@@ -58,6 +58,10 @@ class ExtractionPool:
             raise result
         return result
 
+    def warm(self) -> None:
+        """Start the workers now (each runs its initializer) instead of at the first document."""
+        self._pool.schedule(_nothing)
+
     def is_running(self) -> bool:
         """Tell whether the workers still take documents."""
         return bool(self._pool.active)
@@ -66,6 +70,10 @@ class ExtractionPool:
         """Stop the workers."""
         self._pool.stop()
         self._pool.join()
+
+
+def _nothing() -> None:
+    """The task that makes a worker start: it returns once the worker's initializer has run."""
 
 
 _POOLS: dict[ExtractionConfig, ExtractionPool] = {}

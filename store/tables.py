@@ -185,19 +185,29 @@ def _lowest_row_per_key(rows: pa.Table, column: str) -> pa.Array:
     return ids.take(pc.index_in(pc.unique(keys), value_set=keys)).combine_chunks()
 
 
-def kept_extractions(store_uri: str, pairs: Iterable[tuple[str, str]], fingerprint: str) -> pa.Table:
-    """The extractions table's entries for these (doc id, content hash) pairs made under fingerprint (tasks/kept.py)."""
+def _kept_reads(store_uri: str, pairs: Iterable[tuple[str, str]], fingerprint: str,
+                columns: list[str]) -> Iterator[pa.Table]:
+    """The columns of the extractions table's entries for these (doc id, content hash) pairs under fingerprint."""
     pairs = sorted(set(pairs))
     table = open_table(connect(store_uri), EXTRACTIONS) if pairs else None
-    parts = [KEPT_SCHEMA.empty_table()]
     for i in range(0, len(pairs) if table is not None else 0, IN_BATCH):
         ids, hashes = zip(*pairs[i : i + IN_BATCH])
         # Hashes and fingerprint in the filter too: a changed document's old entry is not read at all.
         where = (f"doc_id IN ({sql_list(ids)}) AND content_hash IN ({sql_list(set(hashes))}) "
                  f"AND extraction_fp IN ({sql_list([fingerprint])})")
-        parts.append(conform(table.search().where(where).select(KEPT_SCHEMA.names).limit(None).to_arrow(),
-                             KEPT_SCHEMA))
-    return pa.concat_tables(parts)
+        yield table.search().where(where).select(columns).limit(None).to_arrow()
+
+
+def kept_extractions(store_uri: str, pairs: Iterable[tuple[str, str]], fingerprint: str) -> pa.Table:
+    """The extractions table's entries for these (doc id, content hash) pairs made under fingerprint (tasks/kept.py)."""
+    parts = [conform(t, KEPT_SCHEMA) for t in _kept_reads(store_uri, pairs, fingerprint, KEPT_SCHEMA.names)]
+    return pa.concat_tables([KEPT_SCHEMA.empty_table(), *parts])
+
+
+def kept_keys(store_uri: str, pairs: Iterable[tuple[str, str]], fingerprint: str) -> set[tuple[str, str]]:
+    """Which of these (doc id, content hash) pairs have an entry under fingerprint: keys only, no elements read."""
+    return {(d, h) for t in _kept_reads(store_uri, pairs, fingerprint, ["doc_id", "content_hash"])
+            for d, h in zip(t["doc_id"].to_pylist(), t["content_hash"].to_pylist(), strict=True)}
 
 
 def ensure_columns(table: lancedb.table.Table, schema: pa.Schema) -> None:

@@ -654,6 +654,23 @@ class Extracts:
     notices: list[str]
 
 
+def worker_documents(documents: pa.Table, cfg: ExtractionConfig) -> list[dict]:
+    """The documents to extract that a worker would read (not Markdown, within the size limit): doc_id, content_hash."""
+    work = documents.filter(pa.compute.is_in(documents["change"], pa.array(WORK)))
+    limit = cfg.max_file_mb * 1024 * 1024
+    rows = work.select(["doc_id", "path", "member", "size", "content_hash"]).to_pylist()
+    return [{"doc_id": d["doc_id"], "content_hash": d["content_hash"]} for d in rows
+            if (d["size"] is None or d["size"] <= limit) and not _in_process(d)]
+
+
+def start_workers(cfg: ExtractionConfig) -> bool:
+    """Start this process's extraction workers now, before the first document needs them; False if it may not."""
+    if not can_start_workers():
+        return False
+    shared_pool(cfg, extract_isolated, partitioners_ready).warm()
+    return True
+
+
 @task(name="extract", cache_policy=NO_CACHE)
 def extract_stage(documents_path: str, cfg: ExtractionConfig, run_dir: str,
                   storage: dict[str, dict] | None = None, store_uri: str | None = None) -> Extracts:

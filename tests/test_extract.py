@@ -255,3 +255,20 @@ def _worker_tags() -> list[tuple[str, str]]:
     from unstructured.nlp.tokenize import pos_tag
 
     return pos_tag("The club provides life jackets.")
+
+
+def test_only_documents_a_worker_must_read_are_counted_for_starting_the_workers_early(tmp_path):
+    import pyarrow as pa
+
+    from schemas.arrow import DOCUMENTS_SCHEMA
+    from tasks.extract import worker_documents
+
+    (tmp_path / "a.md").write_text("# A\n\ntext\n")
+    for name in ("b.pdf", "c.pdf", "d.pdf"):
+        (tmp_path / name).write_bytes(b"%PDF-1.4")
+    rows = [("a", "a.md", "new", 10), ("b", "b.pdf", "changed", 10), ("c", "c.pdf", "unchanged", 10),
+            ("d", "d.pdf", "new", 2 * 1024 * 1024)]
+    documents = pa.Table.from_pylist([{"doc_id": d, "path": str(tmp_path / p), "change": c, "size": n,
+                                       "content_hash": f"h-{d}"} for d, p, c, n in rows], schema=DOCUMENTS_SCHEMA)
+    # Markdown is read in the run's process, an unchanged file not at all, one over max_file_mb is quarantined unread.
+    assert worker_documents(documents, ExtractionConfig(max_file_mb=1)) == [{"doc_id": "b", "content_hash": "h-b"}]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from datetime import UTC, datetime
@@ -78,10 +79,15 @@ def _kept(config: Path) -> dict[str, str]:
     return dict(zip(table["doc_id"].to_pylist(), table["content_hash"].to_pylist()))
 
 
-def test_a_new_chunk_size_rechunks_from_kept_elements_reads_no_file_and_matches_a_cold_run(corpus, write_config):
+def test_a_new_chunk_size_rechunks_from_kept_elements_reads_no_file_and_matches_a_cold_run(corpus, write_config,
+                                                                                           caplog):
     config = write_config(corpus)
-    first = ingest(config_path=str(config))
+    with caplog.at_level(logging.INFO):
+        first = ingest(config_path=str(config))
     assert first["docs_extracted"] == 5 and first["docs_from_kept"] == 0
+    # The four non-Markdown files need a worker: started before great-expectations loads, not at the first of them.
+    assert "starting the extraction workers for 4 documents" in caplog.text
+    caplog.clear()
     assert set(_kept(config)) == {f"sample:{p.relative_to(corpus).as_posix()}" for p in corpus.rglob("*")
                                   if p.is_file()}
     # Every file's bytes are scrambled in place, size and mtime kept: were any read again, its chunks would differ.
@@ -94,9 +100,11 @@ def test_a_new_chunk_size_rechunks_from_kept_elements_reads_no_file_and_matches_
             os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     smaller = {"max_tokens": 60, "overlap_tokens": 10}
     write_config(corpus, chunking=smaller)
-    second = ingest(config_path=str(config))
+    with caplog.at_level(logging.INFO):
+        second = ingest(config_path=str(config))
     assert second["docs_changed"] == 5 and second["docs_quarantined"] == 0
     assert second["docs_extracted"] == 0 and second["docs_from_kept"] == 5
+    assert "starting the extraction workers" not in caplog.text, "every file is kept: no worker is needed"
 
     cold = write_config(originals, name="cold.yaml", store="cold", chunking=smaller)
     ingest(config_path=str(cold))
