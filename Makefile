@@ -67,7 +67,8 @@ TEST_WORKERS ?= 3
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 
-# The pure stage tests (no flow run, server, object store or model server; nothing marked slow): ~1 minute.
+# The pure stage tests (no flow run, server, object store or model server; nothing marked slow): ~80 s here. A test
+# using a server fixture is marked flow by tests/conftest.py.
 test-fast: setup
 	$(PY) -m pytest -n 2 -m "not flow and not slow"
 

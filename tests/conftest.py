@@ -197,7 +197,15 @@ LONGEST_FIRST = ("test_watch.py", "test_cli.py", "test_runners.py", "test_isolat
                  "test_real_server.py", "test_plan.py", "test_search_modes.py", "test_fuzz.py", "test_e5_onnx.py")
 
 
+# Fixtures that start a Prefect server, an object store, a model server or a watcher: a test using any of them,
+# directly or through another fixture, is a `flow` test, left out of `make test-fast` whether or not its file says so.
+SERVER_FIXTURES = {"prefect_harness", "s3", "server", "watching"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Collect the longest test files first (a stable sort: the order within each file stays)."""
+    """Collect the longest test files first (a stable sort: the order within each file stays); mark server tests flow."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.flow)

