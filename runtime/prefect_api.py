@@ -1,10 +1,10 @@
 """Which Prefect API a command's flow runs talk to: the configured one, the local server if it answers, or a temporary one.
 
 Prefect's own rule comes first: a PREFECT_API_URL in the environment or the active profile is used as it is. Without
-one, Prefect would start a temporary server for every process (~8 s, and its runs vanish with it), so Inlet first
+one, Prefect would start a temporary server for every process (seconds each, and no UI to look at), so Inlet first
 looks for the local server that `inlet server` (or `make server`) keeps running where Prefect's own server settings
 say (PREFECT_SERVER_API_HOST and PREFECT_SERVER_API_PORT; Inlet's default port is 4311), and uses it when its health
-check answers within a moment. Nothing else changes: a command still works with no server running.
+check answers within a moment. With none, the command starts a TemporaryServer of its own and still works.
 """
 
 from __future__ import annotations
