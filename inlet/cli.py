@@ -13,7 +13,6 @@ import typer
 
 import providers  # noqa: F401 - offline switches before Prefect loads
 from runtime.prefect_api import START_HINT, default_local_port
-from schemas.arrow import PLAN_COUNTS, RUN_COUNTS
 from schemas.errors import InletError, PublishHeldError
 
 if TYPE_CHECKING:
@@ -57,8 +56,58 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(2)
 
 
+def _hand_over(command: str, kwargs: dict, *, quiet: bool = False, bars: bool = False) -> dict | None:
+    """Run the command in `inlet server`'s warm process if one takes it (its answer), else None: run it here.
+
+    Its log lines and progress bars show here as they happen; Ctrl-C stops its run there (exit code 130).
+    """
+    from runtime.warm import Declined, hand_over
+    from schemas.errors import WorkerDiedError
+
+    progress = drawer = None
+    if bars:
+        from runtime.progress import BarsFromEvents, new_bars
+
+        progress = new_bars()
+        drawer = BarsFromEvents(progress)
+
+    def on_event(event: tuple) -> None:
+        if event[0] == "log":
+            if progress is not None:
+                progress.console.print(event[2], markup=False, highlight=False, soft_wrap=True)
+            else:
+                print(event[2], file=sys.stderr, flush=True)
+        elif event[0] == "bar" and drawer is not None:
+            if not progress.live.is_started:
+                progress.start()
+            drawer.show(event)
+
+    interrupted = False
+    try:
+        answer = hand_over(command, kwargs, on_event)
+    except KeyboardInterrupt:
+        interrupted = True
+    except WorkerDiedError as exc:  # a run killed anywhere converges when run again: so run it here
+        answer = Declined(str(exc))
+    finally:
+        if progress is not None:
+            progress.stop()
+    if interrupted:
+        typer.secho("interrupted: the run in the warm process was stopped; the next run takes up from where it was",
+                    fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(130)
+    if isinstance(answer, Declined):
+        if answer.why and not quiet:
+            typer.secho(f"note: the warm process of `inlet server` did not take this command ({answer.why}); "
+                        "running it here", fg=typer.colors.YELLOW, err=True)
+        return None
+    return answer
+
+
 def _print_summary(summary: dict) -> None:
     from rich.table import Table
+
+    from schemas.arrow import RUN_COUNTS
 
     table = Table("", "", title=f"run {summary['run_id']}", show_header=False, title_justify="left")
     for key in RUN_COUNTS:
@@ -84,20 +133,18 @@ def _print_problems(summary: dict) -> None:
         typer.secho(f"  notice: {notice}", fg=typer.colors.YELLOW)
 
 
-@app.command()
-def ingest(
-    config: ConfigOpt = DEFAULT_CONFIG,
-    retry_quarantined: Annotated[bool, typer.Option(help="Try quarantined documents again even if unchanged.")] = False,
-    allow_deletions: Annotated[bool, typer.Option(help="Delete documents gone from a source even when the "
-                                                  "mass-deletion guard would hold them.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars, info logs or summary; errors "
-                                        "and warnings only (for cron).")] = False,
-    max_cost_usd: Annotated[float | None, typer.Option(help="Plan first; stop before any model call if the plan "
-                                                       "costs more (default: run.max_cost_usd).")] = None,
-    allow_cost: Annotated[bool, typer.Option(help="Go ahead whatever the plan costs.")] = False,
-) -> None:
-    """Run the ingest flow once on the configured sources, with a progress bar per long stage."""
+def _warm_ingest_answer(answer: dict) -> tuple[dict, PublishHeldError | None, str | None]:
+    """The summary, hold and UI page of a run the warm process made (exit 2 if it failed)."""
+    if "error" in answer:
+        _fail(InletError(answer["error"]))
+    held = PublishHeldError(answer["held"], answer["summary"]) if "held" in answer else None
+    page = f"{answer['ui']}/runs/flow-run/{answer['flow_run_id']}" if answer.get("ui") else None
+    return answer["summary"], held, page
+
+
+def _ingest_here(config: Path, flow_args: dict, *, quiet: bool, as_json: bool
+                 ) -> tuple[dict, PublishHeldError | None, str | None]:
+    """Run the ingest flow in this process: its summary, hold and UI page (None without a lasting server)."""
     if quiet:  # read when Prefect is first imported, below
         os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
     from schemas.config import load_config
@@ -111,15 +158,41 @@ def ingest(
 
             bars = contextlib.nullcontext() if quiet or as_json else terminal_bars()
             with bars:
-                state = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined,
-                                    allow_deletions=allow_deletions, max_cost_usd=max_cost_usd,
-                                    allow_cost=allow_cost, return_state=True)
+                state = ingest_flow(**{**flow_args, "config_path": str(config)}, return_state=True)
             page = api.flow_run_page(state.state_details.flow_run_id)
             summary = state.result()
     except PublishHeldError as exc:  # committed and reported, not published
         summary, held = exc.summary, exc
     except InletError as exc:
         _fail(exc)
+    return summary, held, page
+
+
+@app.command()
+def ingest(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    retry_quarantined: Annotated[bool, typer.Option(help="Try quarantined documents again even if unchanged.")] = False,
+    allow_deletions: Annotated[bool, typer.Option(help="Delete documents gone from a source even when the "
+                                                  "mass-deletion guard would hold them.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars, info logs or summary; errors "
+                                        "and warnings only (for cron).")] = False,
+    max_cost_usd: Annotated[float | None, typer.Option(help="Plan first; stop before any model call if the plan "
+                                                       "costs more (default: run.max_cost_usd).")] = None,
+    allow_cost: Annotated[bool, typer.Option(help="Go ahead whatever the plan costs.")] = False,
+) -> None:
+    """Run the ingest flow once on the configured sources, with a progress bar per long stage.
+
+    With `inlet server` running, its warm process runs it (the same flow run; runtime/warm.py says when it declines).
+    """
+    flow_args = {"config_path": str(config.resolve()), "retry_quarantined": retry_quarantined,
+                 "allow_deletions": allow_deletions, "max_cost_usd": max_cost_usd, "allow_cost": allow_cost}
+    answer = _hand_over("ingest", {**flow_args, "quiet": quiet, "bars": not (quiet or as_json)}, quiet=quiet,
+                        bars=not (quiet or as_json))
+    if answer is not None:
+        summary, held, page = _warm_ingest_answer(answer)
+    else:
+        summary, held, page = _ingest_here(config, flow_args, quiet=quiet, as_json=as_json)
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
     elif not quiet:
@@ -139,6 +212,8 @@ def _print_plan(plan: dict) -> None:
 
     table = Table("", "", title=f"plan {plan['plan_id']}: nothing written, no model called", show_header=False,
                   title_justify="left")
+    from schemas.arrow import PLAN_COUNTS
+
     for key in PLAN_COUNTS:
         table.add_row(key.replace("_", " "), str(plan[key]))
     table.add_row("models", f"{plan['model_mode']}: {plan['llm_calls']} enrich calls, {plan['llm_batch_requests']} "
@@ -232,21 +307,28 @@ def query(
     variant: VariantOpt = None,
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
-    """Search the store and print the best chunks with citations."""
-    from query import search
-
+    """Search the store and print the best chunks with citations (in `inlet server`'s warm process if one runs)."""
     filters: dict[str, object] = {}
     for item in where or []:
         key, sep, value = item.partition("=")
         if not sep:
             _fail(ValueError(f"--where expects FIELD=VALUE, got '{item}'"))
         filters.setdefault(key, []).append(value)
-    try:
-        version = int(as_of) if as_of is not None and as_of.isdigit() else as_of
-        results = search(text, k=k, where=filters or None, mode=mode, clearance=clearance, as_of=version,
-                         neighbors=neighbors, fallback=fallback, config=config, variant=variant)
-    except InletError as exc:
-        _fail(exc)
+    version = int(as_of) if as_of is not None and as_of.isdigit() else as_of
+    asked = {"text": text, "k": k, "where": filters or None, "mode": mode, "clearance": clearance, "as_of": version,
+             "neighbors": neighbors, "fallback": fallback, "variant": variant}
+    answer = _hand_over("query", {**asked, "config": str(config.resolve())})
+    if answer is not None:
+        if "error" in answer:
+            _fail(InletError(answer["error"]))
+        results = answer["results"]
+    else:
+        from query import search
+
+        try:
+            results = search(**asked, config=config)
+        except InletError as exc:
+            _fail(exc)
     if not results:
         typer.echo("no results")
     for notice in results.notices:
@@ -494,28 +576,46 @@ def serve(
 def server(
     status: Annotated[bool, typer.Option("--status", help="Only say whether the local server answers, and where "
                                          "(exit code 1 if it does not).")] = False,
+    warm: Annotated[bool, typer.Option(help="Keep a warm Inlet process that runs `inlet ingest` and `inlet query` "
+                                       "for you (models and libraries loaded once).")] = True,
+    config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
     """Run the local Prefect server and UI (127.0.0.1:4311) that every inlet command then uses; Ctrl-C stops it.
 
+    Beside it, a warm Inlet process (runtime/warm.py) runs `inlet ingest` and `inlet query` in seconds instead of
+    paying the imports and model loads each time; a command it cannot take runs in its own process as before.
     Where: Prefect's PREFECT_SERVER_API_HOST and PREFECT_SERVER_API_PORT. A PREFECT_API_URL of your own (environment
     or Prefect profile) always wins over it. Flow runs older than a week are vacuumed, as events already are: live
     mode makes a flow run per micro-batch.
     """
     from runtime.prefect_api import answers, local_server_url
+    from runtime.warm import ask_status, environment, supervise
 
     url = local_server_url()
     ui = url.removesuffix("/api")
-    if answers(url):
-        typer.echo(f"a Prefect server answers at {url}: the UI is at {ui}; inlet commands use it")
+    prefect_up = answers(url)
+    warm_now = ask_status()
+    if status or (prefect_up and (warm_now or not warm)):
+        if prefect_up:
+            typer.echo(f"a Prefect server answers at {url}: the UI is at {ui}; inlet commands use it")
+        else:
+            typer.echo(f"no Prefect server answers at {url}: start one with `make server` (or `inlet server`)")
+        if warm_now:
+            typer.echo(f"a warm Inlet process (pid {warm_now['worker_pid']}, up {warm_now['up_s']} s, "
+                       f"{warm_now['served']} commands run) takes `inlet ingest` and `inlet query`")
+        if not prefect_up:
+            raise typer.Exit(1)
         return
-    if status:
-        typer.echo(f"no Prefect server answers at {url}: start one with `make server` (or `inlet server`)")
-        raise typer.Exit(1)
-    typer.echo(f"starting the Prefect server: API {url}, UI {ui} (Ctrl-C stops it)", err=True)
+    from schemas.config import load_config
+
+    try:
+        load_config(config)  # a bad config fails here, not in the warm process's start
+    except InletError as exc:
+        _fail(exc)
     env = {"PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED": '["events","flow_runs"]',
            "PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD": "P7D", **os.environ}
-    # The server becomes this process, so Ctrl-C and a service manager's signals reach it directly.
-    os.execve(sys.executable, [sys.executable, "-m", "prefect", "server", "start"], env)
+    sys.exit(supervise(url, server_env=None if prefect_up else env, warm_config=str(config.resolve()) if warm else None,
+                       caller_env=environment()))
 
 
 @app.command()

@@ -9,7 +9,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -22,6 +21,7 @@ from query.fusion import fuse_sides
 from schemas.arrow import PUBLISHED_TAG
 from schemas.config import ACCESS_LEVELS, InletConfig, QueryConfig, load_config
 from schemas.errors import EmbedderMismatchError, QueryError, StoreError
+from schemas.results import Citation, Neighbor, SearchResult, SearchResults
 from store.tables import tag_versions
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inlet.yaml"
@@ -29,58 +29,6 @@ _COLUMNS = ("source", "doc_type", "access_level", "language", "title", "uri", "d
 # Every column a result needs. Each costs a random read per hit, so hybrid sides read row ids and scores only.
 _SELECT = ["chunk_id", "doc_id", "text", "title", "uri", "heading_path", "page_start", "page_end", "source",
            "doc_type", "tags", "access_level", "expires_at", "language", "extra", "chunk_index", "total_chunks"]
-
-
-@dataclass(frozen=True)
-class Citation:
-    """Where a result comes from."""
-
-    title: str | None
-    uri: str
-    heading_path: tuple[str, ...]
-    pages: tuple[int, int] | None
-
-    def __str__(self) -> str:
-        parts = [self.title or self.uri]
-        if self.heading_path:
-            parts.append(" > ".join(self.heading_path))
-        if self.pages:
-            first, last = self.pages
-            parts.append(f"p. {first}" if first == last else f"pp. {first}-{last}")
-        return " | ".join(parts) + f" <{self.uri}>"
-
-
-@dataclass(frozen=True)
-class Neighbor:
-    """A chunk next to a hit in its document."""
-
-    chunk_id: str
-    chunk_index: int
-    text: str
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """One retrieved chunk: its original text (enrichment apart), score, citation and neighbours in order."""
-
-    text: str
-    score: float
-    citation: Citation
-    doc_id: str
-    chunk_id: str
-    metadata: dict
-    before: tuple[Neighbor, ...] = ()
-    after: tuple[Neighbor, ...] = ()
-
-
-class SearchResults(list[SearchResult]):
-    """The hits, best first, with notices about how they were found (fallbacks, skipped sides)."""
-
-    def __init__(self, hits: list[SearchResult] = (), notices: list[str] | None = None,
-                 version: int | None = None) -> None:
-        super().__init__(hits)
-        self.notices: list[str] = notices or []
-        self.version = version  # the chunks-table version every read of the search was made against
 
 
 Mode = Literal["vector", "fulltext", "hybrid"]

@@ -58,9 +58,11 @@ class ExtractionPool:
             raise result
         return result
 
-    def warm(self) -> None:
-        """Start the workers now (each runs its initializer) instead of at the first document."""
-        self._pool.schedule(_nothing)
+    def warm(self, wait: bool = False) -> None:
+        """Start the workers now (each runs its initializer) instead of at the first document; wait: until one has."""
+        started = self._pool.schedule(_nothing)
+        if wait:
+            started.result()
 
     def is_running(self) -> bool:
         """Tell whether the workers still take documents."""

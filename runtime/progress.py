@@ -29,10 +29,8 @@ def quiet_stages() -> Iterator[None]:
         _quiet.reset(token)
 
 
-@contextmanager
-def terminal_bars() -> Iterator[None]:
-    """Show a progress bar per long stage on the terminal (stderr) while the block runs."""
-    global _bars
+def new_bars() -> Progress:
+    """The terminal's progress display (stderr): one bar per long stage."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -42,13 +40,60 @@ def terminal_bars() -> Iterator[None]:
         TimeElapsedColumn,
     )
 
-    with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=False) as bars:
+    return Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=False)
+
+
+@contextmanager
+def terminal_bars() -> Iterator[None]:
+    """Show a progress bar per long stage on the terminal (stderr) while the block runs."""
+    global _bars
+    with new_bars() as bars:
         _bars = bars
         try:
             yield
         finally:
             _bars = None
+
+
+class _ForwardedBars:
+    """The two calls stage_progress makes on a rich Progress, sent elsewhere (the warm process's caller draws them)."""
+
+    def __init__(self, send: Callable[[tuple], None]) -> None:
+        self._send, self._next = send, 0
+
+    def add_task(self, description: str, total: int) -> int:
+        self._next += 1
+        self._send(("bar", self._next, description, total, 0))
+        return self._next
+
+    def update(self, task: int, completed: int) -> None:
+        self._send(("bar", task, None, None, completed))
+
+
+@contextmanager
+def forwarded_bars(send: Callable[[tuple], None]) -> Iterator[None]:
+    """While the block runs, send each stage's bar as ("bar", id, description, total, completed) events."""
+    global _bars
+    _bars = _ForwardedBars(send)  # type: ignore[assignment] - the part of Progress that stage_progress uses
+    try:
+        yield
+    finally:
+        _bars = None
+
+
+class BarsFromEvents:
+    """Draw on a terminal the bars that forwarded_bars() sent (the command's side of a hand-over)."""
+
+    def __init__(self, bars: Progress) -> None:
+        self._bars, self._tasks = bars, {}
+
+    def show(self, event: tuple) -> None:
+        """Apply one ("bar", id, description, total, completed) event."""
+        _, task, description, total, completed = event
+        if task not in self._tasks:
+            self._tasks[task] = self._bars.add_task(description or "", total=total)
+        self._bars.update(self._tasks[task], completed=completed)
 
 
 def _in_a_run() -> bool:

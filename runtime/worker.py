@@ -8,7 +8,8 @@ worker_max_memory_per_child): the work runs in a child process, and once the chi
 settled size by a set amount, a spare is started and warmed beside it and takes over between two requests.
 
 Requests go down the child's stdin, answers come back on a pipe of their own (its descriptor named in
-CHANNEL_ENV), pickled, one at a time; the child's stdout is the parent's stderr, so nothing a library prints,
+CHANNEL_ENV), pickled, one at a time; before its answer, a request may send events (emit(): log lines, progress)
+that the caller's on_event receives as they happen; the child's stdout is the parent's stderr, so nothing a library prints,
 even while it is imported, can reach the channel or a parent's own output (`inlet watch --json`). A child whose parent died (SIGKILL of the watcher) kills itself within a quarter second: it is
 part of the watcher, and a restarted watcher must find no second writer still running.
 """
@@ -121,8 +122,11 @@ class WarmWorker:
         """The running worker's process id."""
         return self.current.proc.pid if self.current is not None else None
 
-    def call(self, request: Any) -> Any:
-        """Run one request in the worker; re-raise its exception; WorkerDiedError if the process died doing it."""
+    def call(self, request: Any, on_event: Callable[[Any], None] = lambda event: None) -> Any:
+        """Run one request in the worker; re-raise its exception; WorkerDiedError if the process died doing it.
+
+        on_event: called with each event the request emits before its answer (in this thread).
+        """
         self.hand_over()
         if self.current is None and self._spare_thread is not None:
             self._spare_thread.join()  # the worker died while a spare warmed: that spare takes its place
@@ -131,6 +135,9 @@ class WarmWorker:
         try:
             child.send(request)
             kind, value = child.receive()
+            while kind == "event":
+                on_event(value)
+                kind, value = child.receive()
         except Exception as exc:  # noqa: BLE001 - whatever broke the channel, it cannot be trusted again
             code = child.lost()
             self.current = None
@@ -170,6 +177,15 @@ class WarmWorker:
         threading.Thread(target=old.stop, name="inlet-worker-stop", daemon=True).start()
         log.info("worker replaced by a warm spare: %s", info)
         self.on_replaced(info)
+
+    def abort(self) -> None:
+        """Kill the worker in the middle of its request (its caller gave up): the waiting call() raises WorkerDiedError.
+
+        A kill, not a request to stop: the pipeline is built to converge from a kill at any point.
+        """
+        child = self.current
+        if child is not None:
+            child.proc.kill()
 
     def close(self) -> None:
         """Stop the worker, and any spare (one still warming up is killed: nothing of it is needed)."""
@@ -245,10 +261,26 @@ class WarmWorker:
         return child
 
 
+_emit: Callable[[Any], None] | None = None  # set by serve(): sends an event to the caller of the current request
+
+
+def emit(event: Any) -> None:
+    """Send an event (picklable) to the caller of the request being handled; nothing outside a worker."""
+    if _emit is not None:
+        _emit(event)
+
+
 def serve(init: Callable[[], dict], handle: Callable[[Any], Any]) -> None:
     """A worker's main loop: init() once (its result is the ready message), then handle() each request."""
+    global _emit
     channel_in: IO[bytes] = sys.stdin.buffer
     channel_out = os.fdopen(int(os.environ.pop(CHANNEL_ENV)), "wb")  # popped: the worker's own children lack it
+    lock = threading.Lock()  # events may come from the request's threads (Prefect runs tasks in threads)
+
+    def write(data: bytes) -> None:
+        with lock:
+            channel_out.write(data)
+            channel_out.flush()
 
     def send(kind: str, value: Any) -> None:
         try:
@@ -256,8 +288,12 @@ def serve(init: Callable[[], dict], handle: Callable[[Any], Any]) -> None:
             pickle.loads(data)  # some exceptions pickle but do not unpickle (httpx's HTTPStatusError)
         except Exception as exc:  # noqa: BLE001 - such an exception still reaches the parent, as text
             data = pickle.dumps(("raise", RuntimeError(f"{type(value).__name__}: {value} (not picklable: {exc})")))
-        channel_out.write(data)
-        channel_out.flush()
+        write(data)
+
+    def send_event(event: Any) -> None:
+        write(pickle.dumps(("event", event), protocol=pickle.HIGHEST_PROTOCOL))  # plain data: tuples of text
+
+    _emit = send_event
 
     try:
         send("ok", init())

@@ -663,11 +663,14 @@ def worker_documents(documents: pa.Table, cfg: ExtractionConfig) -> list[dict]:
             if (d["size"] is None or d["size"] <= limit) and not _in_process(d)]
 
 
-def start_workers(cfg: ExtractionConfig) -> bool:
-    """Start this process's extraction workers now, before the first document needs them; False if it may not."""
+def start_workers(cfg: ExtractionConfig, wait: bool = False) -> bool:
+    """Start this process's extraction workers now, before the first document needs them; False if it may not.
+
+    wait: return once a worker has loaded its parsers (a warm process says it is ready only then).
+    """
     if not can_start_workers():
         return False
-    shared_pool(cfg, extract_isolated, partitioners_ready).warm()
+    shared_pool(cfg, extract_isolated, partitioners_ready).warm(wait)
     return True
 
 

@@ -35,6 +35,8 @@ def _closed_port() -> int:
 # `inlet` commands use a local Prefect server that answers at PREFECT_SERVER_API_PORT (runtime/prefect_api.py). The
 # tests' commands go to the session's server or a temporary one, never to a developer's `make server` on 4311.
 os.environ["PREFECT_SERVER_API_PORT"] = str(_closed_port())
+# Nor do they hand their work to a developer's warm `inlet server` (runtime/warm.py); tests/test_warm.py names its own.
+os.environ["INLET_WARM_SOCKET"] = "off"
 
 
 # The test server's services that turn every task run's events into rows and react to them. No test reads task

@@ -8,7 +8,7 @@ import time
 
 print("printed while the worker is imported: not an answer")  # noqa: T201 - the channel must not see it
 
-from runtime.worker import serve  # noqa: E402 - after the print, on purpose
+from runtime.worker import emit, serve  # noqa: E402 - after the print, on purpose
 
 HELD: list[bytearray] = []
 
@@ -21,7 +21,7 @@ class TwoPartError(Exception):
 
 
 def handle(request: tuple) -> object:
-    """("grow", mb) holds mb more; ("raise", text) and ("raise-two",) raise; ("sleep", s); ("die",); ("pid",)."""
+    """("grow", mb) holds mb more; ("raise", text), ("raise-two",) raise; ("sleep", s); ("events", n); ("die",)."""
     if request[0] == "grow":
         HELD.append(bytearray(os.urandom(16)) * (request[1] << 16))  # touched pages: resident, not just reserved
         return len(HELD)
@@ -31,6 +31,9 @@ def handle(request: tuple) -> object:
         raise TwoPartError("status 503", "the API is down")
     if request[0] == "sleep":
         time.sleep(request[1])
+    if request[0] == "events":  # emits request[1] events, numbered, before its answer
+        for i in range(request[1]):
+            emit(("event", i))
     if request[0] == "die":
         os.kill(os.getpid(), signal.SIGKILL)
     print("a print must not reach the channel")
