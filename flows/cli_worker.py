@@ -127,17 +127,33 @@ def reads_other_formats(cfg: InletConfig, limit: int = 20_000) -> bool:
     return False
 
 
-def start_extraction(cfg: InletConfig) -> float | None:
-    """Start the extraction workers now where the sources hold files they would read (seconds it took), else None."""
-    import time
+def start_extraction(cfg: InletConfig, wait: bool) -> bool:
+    """Start the extraction workers where the sources hold files they would read; wait: until one has its parsers.
 
+    Started first and waited for last: they import unstructured on the other core while this process loads the rest.
+    """
     from tasks.extract import start_workers
 
     if not reads_other_formats(cfg):
-        return None  # a Markdown-only knowledge base never pays for them
-    begin = time.perf_counter()
-    start_workers(cfg.extraction, wait=True)
-    return round(time.perf_counter() - begin, 3)
+        return False  # a Markdown-only knowledge base never pays for them
+    return start_workers(cfg.extraction, wait=wait)
+
+
+def wait_for_api(timeout_s: float = 180.0) -> None:
+    """Return once the Prefect API answers (`inlet server` starts its server and this process together)."""
+    import time
+
+    from prefect import get_client
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with get_client(sync_client=True) as client:
+            failed = client.api_healthcheck()
+        if failed is None:
+            return
+        if time.monotonic() > deadline:
+            raise failed
+        time.sleep(0.25)
 
 
 def worker_main(args: list[str]) -> None:
@@ -145,11 +161,18 @@ def worker_main(args: list[str]) -> None:
     config_path = args[0]
 
     def init() -> dict:
+        import time
+
         cfg = load_config(config_path)
         live_cache_bounds()  # long-lived: LanceDB's caches would otherwise grow with every version it opens
-        warmed = warm_up(cfg)
-        warmed["extraction workers"] = start_extraction(cfg)
+        extraction = start_extraction(cfg, wait=False)
+        warmed: dict[str, float | None] = warm_up(cfg, api=False)
         warmed["query"] = warm_queries(config_path)
+        for name, step in (("extraction workers", lambda: extraction and start_extraction(cfg, wait=True)),
+                           ("prefect api", wait_for_api)):
+            begin = time.perf_counter()
+            step()
+            warmed[name] = round(time.perf_counter() - begin, 3)  # what was left to wait for once the rest was done
         return {"warmed": warmed}
 
     serve(init, handle)

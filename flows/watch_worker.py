@@ -22,8 +22,11 @@ from schemas.errors import PublishHeldError
 from store.tables import live_cache_bounds, works_for_watcher
 
 
-def warm_up(cfg: InletConfig) -> dict[str, float]:
-    """Load what a micro-batch would otherwise load on its first change: models, tokenizer, great-expectations."""
+def warm_up(cfg: InletConfig, api: bool = True) -> dict[str, float]:
+    """Load what a micro-batch would otherwise load on its first change: models, tokenizer, great-expectations.
+
+    api: reach the Prefect API first (False: the caller waits for it itself, while its server starts).
+    """
     from providers import gx, tokenizer
     from providers.embedders import make_embedder, resolve_embedding
     from providers.enrichers import make_enricher, resolve_enrichment
@@ -36,7 +39,8 @@ def warm_up(cfg: InletConfig) -> dict[str, float]:
         seconds[name] = round(time.perf_counter() - begin, 3)
 
     # Without an API URL, the first client starts Prefect's temporary server: here, not in the first micro-batch.
-    timed("prefect", lambda: _healthy())
+    if api:
+        timed("prefect", lambda: _healthy())
     timed("tokenizer", tokenizer.warm)
     for _, vcfg in cfg.all_variants():
         embedding, _ = resolve_embedding(vcfg.embedding)

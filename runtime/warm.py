@@ -427,17 +427,24 @@ def supervise(url: str, *, server_env: dict[str, str] | None, warm_config: str |
     proc: subprocess.Popen | None = None
     worker: WarmWorker | None = None
     warm: WarmServer | None = None
+    started: list[tuple[Any, WarmServer | None]] = []
     try:
         if server_env is not None:
             _say(f"starting the Prefect server: API {url}, UI {ui} (Ctrl-C stops it)")
             proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start"], env=server_env)
-            while not answers(url, timeout_s=2.0):
-                if proc.poll() is not None:
-                    return proc.returncode or 1
-                time.sleep(0.2)
         path = socket_path()
-        if warm_config is not None and path is not None:
-            worker, warm = _start_warm(url, path, warm_config, caller_env)
+        warming = None
+        if warm_config is not None and path is not None:  # warms up while the Prefect server starts, and waits for it
+            warming = threading.Thread(target=lambda: started.append(_start_warm(url, path, warm_config, caller_env)),
+                                       name="inlet-warm-start", daemon=True)
+            warming.start()
+        while proc is not None and not answers(url, timeout_s=2.0):
+            if proc.poll() is not None:
+                return proc.returncode or 1
+            time.sleep(0.2)
+        if warming is not None:
+            warming.join()
+            worker, warm = started[0]
         while proc is None or proc.poll() is None:
             time.sleep(0.5)
         _say(f"the Prefect server exited (code {proc.returncode})")
@@ -474,7 +481,7 @@ def _start_warm(url: str, path: Path, config: str, caller_env: dict[str, str]) -
     _say("warming up Inlet (Prefect, LanceDB, the models, great-expectations) ...")
     begin = time.monotonic()
     try:
-        worker.start()
+        ready = worker.start()
         warm = WarmServer(path, worker, caller_env, os.getcwd(), crashed=crashed)
         warm.listen()
     except Exception as exc:  # noqa: BLE001 - the Prefect server goes on; commands run in their own processes
@@ -482,6 +489,7 @@ def _start_warm(url: str, path: Path, config: str, caller_env: dict[str, str]) -
         _say(f"no warm process ({type(exc).__name__}: {exc}); inlet commands run in their own processes")
         return None, None
     threading.Thread(target=warm.serve_forever, name="inlet-warm-accept", daemon=True).start()
-    _say(f"ready in {time.monotonic() - begin:.1f} s: `inlet ingest` and `inlet query` from {os.getcwd()} run in "
-         f"the warm process (pid {worker.pid()}); the UI is at {url.removesuffix('/api')}")
+    loaded = ", ".join(f"{name} {s:.1f} s" for name, s in ready.get("warmed", {}).items() if s is not None)
+    _say(f"ready in {time.monotonic() - begin:.1f} s ({loaded}): `inlet ingest` and `inlet query` from {os.getcwd()} "
+         f"run in the warm process (pid {worker.pid()}); the UI is at {url.removesuffix('/api')}")
     return worker, warm
