@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 import providers  # noqa: F401 - offline switches before Prefect loads
-from runtime.prefect_api import START_HINT, default_local_port
+from runtime.prefect_api import START_HINT, local_defaults
 from schemas.errors import InletError, PublishHeldError
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config fil
 VariantOpt = Annotated[str | None, typer.Option(help="A named index variant of the config (default: the main index).")]
 
 
-default_local_port()  # Inlet's local Prefect server port (4311) unless PREFECT_SERVER_API_PORT says otherwise
+local_defaults()  # Inlet's local Prefect server port (4311) and Prefect home (.prefect) unless set otherwise
 
 
 @contextlib.contextmanager
@@ -43,9 +43,9 @@ def _prefect_api(*, quiet: bool = False, flows: str | None = None) -> Iterator[P
     """
     import importlib
 
-    from runtime.prefect_api import use_prefect_api
+    from runtime.prefect_api import early_server, use_prefect_api
 
-    with use_prefect_api((lambda: importlib.import_module(flows)) if flows else None) as api:
+    with use_prefect_api((lambda: importlib.import_module(flows)) if flows else None, early_server()) as api:
         if api.source == "temporary" and not quiet:
             typer.secho(f"note: {START_HINT.format(ui=api.ui)}", fg=typer.colors.YELLOW, err=True)
         yield api

@@ -39,9 +39,14 @@ class PrefectApi:
         return f"{self.ui}/runs/flow-run/{flow_run_id}" if self.ui and self.source != "temporary" else None
 
 
-def default_local_port() -> None:
-    """Make Inlet's port the local server's unless PREFECT_SERVER_API_PORT is set; call before Prefect loads."""
+def local_defaults() -> None:
+    """Make Inlet's port the local server's, and the checkout's .prefect Prefect's home, unless set; before Prefect loads.
+
+    The home is the Makefile's too: `make server` and a command typed by hand then share one Prefect database, one
+    profile and one warm process (runtime/warm.py compares environments).
+    """
     os.environ.setdefault("PREFECT_SERVER_API_PORT", LOCAL_PORT)
+    os.environ.setdefault("PREFECT_HOME", str(Path(__file__).resolve().parent.parent / ".prefect"))
 
 
 def local_server_url() -> str:
@@ -135,22 +140,63 @@ class TemporaryServer:
         Path(self._log.name).unlink(missing_ok=True)
 
 
+def _api_maybe_configured() -> bool:
+    """Whether a Prefect API URL may be configured outside the environment (a profile, prefect.toml, .env, pyproject).
+
+    Only decides whether to start a temporary server early: choose_api() reads Prefect's own settings all the same.
+    """
+    home = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser()
+    files = {home / "profiles.toml": "PREFECT_API_URL", Path("prefect.toml"): "", Path(".env"): "PREFECT_API",
+             Path("pyproject.toml"): "tool.prefect"}
+    for path, mark in files.items():
+        try:
+            if mark in path.read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def early_server() -> TemporaryServer | None:
+    """Start a temporary server now, before Prefect loads (~1.7 s), if no API is configured and no local server listens.
+
+    A guess made without Prefect's settings, so that the server boots on the other core while they load; when the
+    settings do name an API after all, use_prefect_api() stops it unused.
+    """
+    import socket
+
+    if os.environ.get("PREFECT_API_URL") or _api_maybe_configured():
+        return None
+    host = os.environ.get("PREFECT_SERVER_API_HOST", "127.0.0.1")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    try:
+        with socket.create_connection((host, int(os.environ.get("PREFECT_SERVER_API_PORT", LOCAL_PORT))), timeout=0.2):
+            return None  # something listens there: choose_api() asks whether it is a Prefect server
+    except (OSError, ValueError):
+        return TemporaryServer()
+
+
 @contextlib.contextmanager
-def use_prefect_api(meanwhile: Callable[[], object] | None = None) -> Iterator[PrefectApi]:
+def use_prefect_api(meanwhile: Callable[[], object] | None = None,
+                    early: TemporaryServer | None = None) -> Iterator[PrefectApi]:
     """Run the body against choose_api()'s API: this process through Prefect's settings, its children by environment.
 
-    With neither a configured API nor a local server, a TemporaryServer is started at once and used; meanwhile (the
-    flow modules' imports, say) runs while it boots, and the body starts once it answers.
+    With neither a configured API nor a local server, a TemporaryServer is started at once (or early's, started before
+    Prefect loaded) and used; meanwhile (the flow modules' imports, say) runs while it boots, and the body starts once
+    it answers. An early server that is not needed is stopped.
     """
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
 
     api = choose_api()
+    if early is not None and api.source != "temporary":
+        early.stop()
+        early = None
     if api.source == "settings":
         if meanwhile:
             meanwhile()
         yield api
         return
-    server = TemporaryServer() if api.source == "temporary" else None
+    server = (early or TemporaryServer()) if api.source == "temporary" else None
     url = server.url if server else api.url
     before = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url  # worker processes (inlet watch's) read it at their own start

@@ -89,8 +89,14 @@ def _private(folder: Path) -> bool:
 def environment(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment that decides what a run does, each value as its sha256 (no secret crosses the socket)."""
     env = os.environ if env is None else env
-    return {name: hashlib.sha256(value.encode(errors="surrogateescape")).hexdigest() for name, value in env.items()
-            if name not in _TERMINAL and not name.startswith(_TERMINAL_PREFIXES)}
+
+    def canonical(name: str, value: str) -> str:
+        if name.lower() == "no_proxy":  # a set of hosts: the Makefile and providers/offline.py order them apart
+            return ",".join(sorted({h.strip() for h in value.split(",") if h.strip()}))
+        return value
+
+    return {name: hashlib.sha256(canonical(name, value).encode(errors="surrogateescape")).hexdigest()
+            for name, value in env.items() if name not in _TERMINAL and not name.startswith(_TERMINAL_PREFIXES)}
 
 
 def differences(ours: dict[str, str], theirs: dict[str, str]) -> list[str]:

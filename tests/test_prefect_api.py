@@ -43,3 +43,43 @@ def test_without_a_configured_api_nor_a_local_server_a_temporary_one_is_chosen(p
     with temporary_settings(restore_defaults={PREFECT_API_URL}):  # the tests' local port has no server
         api = choose_api()
     assert api.source == "temporary" and api.url is None and api.flow_run_page("x") is None
+
+
+def test_an_early_server_starts_only_where_no_api_is_set_and_nothing_listens_on_the_local_port(monkeypatch, tmp_path):
+    import socket
+
+    from runtime.prefect_api import early_server
+
+    monkeypatch.chdir(tmp_path)  # no prefect.toml, .env or pyproject.toml naming an API here
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    assert early_server() is None, "an API in the environment: no guess needed"
+    monkeypatch.delenv("PREFECT_API_URL")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "profiles.toml").write_text('active = "x"\n[profiles.x]\nPREFECT_API_URL = "http://h/api"\n')
+    assert early_server() is None, "a profile may name an API: Prefect's settings decide, later"
+    (tmp_path / "home" / "profiles.toml").unlink()
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        monkeypatch.setenv("PREFECT_SERVER_API_PORT", str(listening.getsockname()[1]))
+        assert early_server() is None, "something listens on the local port: choose_api() probes it"
+    server = early_server()  # the port is closed again
+    assert server is not None
+    try:
+        server.wait_ready(90)
+        assert answers(server.url)
+    finally:
+        server.stop()
+
+
+def test_an_early_server_is_stopped_unused_when_the_settings_name_an_api(prefect_harness):
+    from prefect.settings import PREFECT_API_URL
+
+    from runtime.prefect_api import use_prefect_api
+
+    early = TemporaryServer()
+    early.wait_ready(90)
+    with use_prefect_api(early=early) as api:
+        assert api.source == "settings" and api.url == str(PREFECT_API_URL.value())
+        assert not answers(early.url), "the early server was stopped, not left running beside the configured API"

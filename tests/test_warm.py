@@ -214,3 +214,20 @@ def _wait_for(proc: subprocess.Popen, text: str, timeout_s: float = 240) -> str:
         if text in line:
             return line
     pytest.fail("inlet server was not ready in time: " + "".join(seen)[-3000:])
+
+
+def test_make_server_takes_the_commands_a_user_types_by_hand_outside_make(tmp_path):
+    """`make server` runs with the Makefile's exports; `.venv/bin/inlet ingest` typed in a shell has none of them."""
+    probe = "import inlet.cli, json, runtime.warm; print(json.dumps(runtime.warm.environment()))"
+    extra = tmp_path / "probe.mk"
+    extra.write_text(f"probe:\n\t@{sys.executable} -c '{probe}'\n")
+    plain = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MAKE")) and k not in
+             ("NO_PROXY", "no_proxy", "HF_HUB_OFFLINE", "DO_NOT_TRACK", "SCARF_NO_ANALYTICS",
+              "UNSTRUCTURED_DISABLE_NOTICE", "MFLAGS")}
+    import json
+
+    by_make = subprocess.run(["make", "-s", "-f", "Makefile", "-f", str(extra), "probe"], cwd=ROOT, env=plain,
+                             capture_output=True, text=True, check=True, timeout=120)
+    by_hand = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=plain, capture_output=True, text=True,
+                             check=True, timeout=120)
+    assert differences(json.loads(by_make.stdout), json.loads(by_hand.stdout)) == []
