@@ -21,15 +21,26 @@ from store.tables import live_cache_bounds
 
 
 class _Forward(logging.Handler):
-    """Send each log record, formatted as this process's console shows it, to the command's terminal."""
+    """Send each log record at level or above, formatted as this process's console shows it, to the command's terminal.
+
+    Every flow run a record names is announced once as ("run", id) whatever its level: what `inlet server` marks
+    Crashed if the run is stopped.
+    """
 
     def __init__(self, level: int, formatter: logging.Formatter | None) -> None:
-        super().__init__(level)
+        super().__init__(logging.NOTSET)
+        self.shown = level
+        self.runs: set[str] = set()
         self.setFormatter(formatter or logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            emit(("log", record.levelno, self.format(record)))
+            run_id = getattr(record, "flow_run_id", None)
+            if run_id is not None and str(run_id) not in self.runs:
+                self.runs.add(str(run_id))
+                emit(("run", str(run_id)))
+            if record.levelno >= self.shown:
+                emit(("log", record.levelno, self.format(record)))
         except Exception:  # noqa: BLE001 - a log line that cannot be sent must not fail the run
             self.handleError(record)
 

@@ -615,7 +615,7 @@ def server(
     env = {"PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED": '["events","flow_runs"]',
            "PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD": "P7D", **os.environ}
     sys.exit(supervise(url, server_env=None if prefect_up else env, warm_config=str(config.resolve()) if warm else None,
-                       caller_env=environment()))
+                       caller_env=environment(), worker_module="flows.cli_worker"))
 
 
 @app.command()

@@ -43,10 +43,16 @@ def local_defaults() -> None:
     """Make Inlet's port the local server's, and the checkout's .prefect Prefect's home, unless set; before Prefect loads.
 
     The home is the Makefile's too: `make server` and a command typed by hand then share one Prefect database, one
-    profile and one warm process (runtime/warm.py compares environments).
+    profile and one warm process (runtime/warm.py compares environments). Not where ~/.prefect's profiles name an
+    API: that user's runs go where their profile says, as Prefect's own rule has it.
     """
     os.environ.setdefault("PREFECT_SERVER_API_PORT", LOCAL_PORT)
-    os.environ.setdefault("PREFECT_HOME", str(Path(__file__).resolve().parent.parent / ".prefect"))
+    try:  # a user whose own Prefect profile names an API (Prefect Cloud, a team server) keeps it
+        theirs = "PREFECT_API_URL" in (Path.home() / ".prefect" / "profiles.toml").read_text(errors="replace")
+    except OSError:
+        theirs = False
+    if not theirs:
+        os.environ.setdefault("PREFECT_HOME", str(Path(__file__).resolve().parent.parent / ".prefect"))
 
 
 def local_server_url() -> str:

@@ -148,7 +148,9 @@ def hand_over(command: str, kwargs: dict[str, Any], on_event: Callable[[Any], No
             try:
                 kind, value = pickle.load(stream)
             except (EOFError, OSError, pickle.UnpicklingError):
-                return _Lost("the warm process closed the connection before answering (its terminal says why)")
+                # Gone mid-command (killed, out of memory): the command does the work itself; a run that was
+                # stopped anywhere converges when run again, and the model cache keeps what it had paid for.
+                return Declined("it closed the connection before answering (its terminal says why)")
             if kind == "event":
                 on_event(value)
             elif kind == "declined":
@@ -162,16 +164,6 @@ def hand_over(command: str, kwargs: dict[str, Any], on_event: Callable[[Any], No
         conn.close()
 
 
-@dataclass(frozen=True)
-class _Lost(Declined):
-    """The warm process went away mid-command: the command cannot know how far it got, and says so."""
-
-
-def lost(answer: object) -> bool:
-    """Whether a hand_over() answer means the warm process died while running the command."""
-    return isinstance(answer, _Lost)
-
-
 # ---- the warm process's side -----------------------------------------------------------------------------------
 
 
@@ -179,16 +171,16 @@ class WarmServer:
     """Listen on socket_path() and run each request in a WarmWorker (flows/cli_worker.py), one at a time."""
 
     def __init__(self, path: Path, worker: Any, env: dict[str, str], cwd: str,
-                 crashed: Callable[[dict, float], list[str]] = lambda request, since: []) -> None:
+                 crashed: Callable[[list[str]], list[str]] = lambda run_ids: []) -> None:
         """worker: a started runtime.worker.WarmWorker; env, cwd: what `inlet server` was started with.
 
-        crashed(request, since): mark the flow runs an aborted request left Running as Crashed; return their names.
+        crashed(run_ids): mark the flow runs a stopped or dead worker left Running as Crashed; return their names.
         """
         self.path, self.worker, self.env, self.cwd, self._crashed = path, worker, env, cwd, crashed
         self.code = code_state()
         self.started = time.time()
         self.served = 0
-        self._busy = threading.Lock()
+        self._busy = threading.Lock()  # held by the request running, and by a restart
         self._restarting: threading.Thread | None = None
         self._sock: socket.socket | None = None
         self._closed = threading.Event()
@@ -198,11 +190,13 @@ class WarmServer:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not _private(self.path.parent):
             raise PermissionError(f"{self.path.parent} is not this user's alone; set {SOCKET_ENV} to another path")
+        if self.path.exists() and not stat.S_ISSOCK(self.path.stat().st_mode):
+            raise FileExistsError(f"{self.path} is not a socket; set {SOCKET_ENV} to another path")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(str(self.path))
         except OSError:
-            self.path.unlink(missing_ok=True)  # nobody listens on it
+            self.path.unlink(missing_ok=True)  # a socket nobody listens on
         else:
             probe.close()
             raise RuntimeError(f"another warm Inlet process listens on {self.path}")
@@ -217,16 +211,20 @@ class WarmServer:
         while not self._closed.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except OSError:
-                return  # closed
+            except OSError:  # closed, or out of descriptors for a moment: only close() ends the loop
+                time.sleep(0.1)
+                continue
             threading.Thread(target=self._answer, args=(conn,), name="inlet-warm-request", daemon=True).start()
 
     def close(self) -> None:
-        """Stop listening and remove the socket (the worker is its owner's to stop)."""
+        """Stop listening and remove the socket; a run in progress is stopped (marked Crashed) first."""
         self._closed.set()
         if self._sock is not None:
             self._sock.close()
         self.path.unlink(missing_ok=True)
+        if self._busy.locked() and (self._restarting is None or not self._restarting.is_alive()):
+            self.worker.abort()
+            self._busy.acquire(timeout=60)  # its thread marks the run Crashed while the Prefect server still runs
 
     def status(self) -> dict:
         """What --status shows."""
@@ -239,38 +237,39 @@ class WarmServer:
             self._restarting.join(timeout_s)
 
     def why_not(self, request: dict) -> str | None:
-        """Why this request must run in its caller's process instead, or None."""
-        if request.get("protocol") != PROTOCOL:
-            return "the warm process runs another version of Inlet's protocol"
-        if request.get("command") == "status":
-            return None
+        """Why this request must run in its caller's process instead, or None (called holding the busy lock)."""
         if request.get("cwd") != self.cwd:
             return f"it runs in {self.cwd}, this command in {request.get('cwd')}"
         if names := differences(self.env, request.get("env", {})):
             return "its environment differs in " + ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
-        if self._restarting is not None and self._restarting.is_alive():
-            return "it is restarting"
         if code_state() != self.code:
             self._restart("Inlet's code or its installed packages changed")
             return "Inlet's code or its installed packages changed since it started; it restarts meanwhile"
+        if self.worker.pid() is None:  # it died between commands, or its last start failed
+            self._restart("it was not running")
+            return "it is starting"
         return None
 
     def _restart(self, why: str) -> None:
-        """Start a new worker in the background (the old one is gone or stale)."""
-        if self._restarting is not None and self._restarting.is_alive():
+        """Start a new worker in the background, once the request running (if any) has ended."""
+        if self._closed.is_set() or (self._restarting is not None and self._restarting.is_alive()):
             return
 
         def restart() -> None:
-            print(f"inlet server: restarting the warm process ({why})", file=sys.stderr, flush=True)
-            self.worker.close()
-            self.code = code_state()  # before the start: an edit during it restarts again
-            try:
-                self.worker.start()
-                print(f"inlet server: the warm process (pid {self.worker.pid()}) is ready again", file=sys.stderr,
-                      flush=True)
-            except Exception as exc:  # noqa: BLE001 - commands run in their own processes until it works
-                print(f"inlet server: the warm process did not start ({type(exc).__name__}: {exc}); commands "
-                      "run in their own processes", file=sys.stderr, flush=True)
+            with self._busy:  # never under a running request: it ends first (the caller declined meanwhile)
+                if self._closed.is_set():
+                    return
+                print(f"inlet server: restarting the warm process ({why})", file=sys.stderr, flush=True)
+                self.worker.close()
+                self.code = code_state()  # before the start: an edit during it restarts again
+                try:
+                    self.worker.start()
+                    print(f"inlet server: the warm process (pid {self.worker.pid()}) is ready again",
+                          file=sys.stderr, flush=True)
+                except Exception as exc:  # noqa: BLE001 - commands run in their own processes until it works
+                    self.worker.close()
+                    print(f"inlet server: the warm process did not start ({type(exc).__name__}: {exc}); commands "
+                          "run in their own processes until the next try", file=sys.stderr, flush=True)
 
         self._restarting = threading.Thread(target=restart, name="inlet-warm-restart", daemon=True)
         self._restarting.start()
@@ -280,7 +279,7 @@ class WarmServer:
         try:
             self._answer_on(conn, stream)
         except (OSError, EOFError, pickle.UnpicklingError):
-            pass  # the caller went away; an aborted run was already handled
+            pass  # the caller went away; a stopped run was already handled
         finally:
             for closing in (stream, conn):
                 try:
@@ -295,27 +294,43 @@ class WarmServer:
             pickle.dump((kind, value), stream, protocol=pickle.HIGHEST_PROTOCOL)
             stream.flush()
 
-        why = self.why_not(request)
-        if why is not None:
-            send("declined", why)
+        if request.get("protocol") != PROTOCOL:
+            send("declined", "the warm process runs another version of Inlet's protocol")
             return
-        if request["command"] == "status":
+        if request.get("command") == "status":
             send("ok", self.status())
+            return
+        if self._restarting is not None and self._restarting.is_alive():
+            send("declined", "it is restarting")
             return
         if not self._busy.acquire(blocking=False):
             send("declined", "it is running another command")
             return
         try:
-            self._run(conn, request, send)
+            why = self.why_not(request)
+            answer = ("declined", why) if why is not None else self._run(conn, request, send)
         finally:
-            self._busy.release()
+            self._busy.release()  # before the answer: a caller that has it finds the warm process free
+        if answer is not None:
+            send(*answer)
 
-    def _run(self, conn: socket.socket, request: dict, send: Callable[[str, Any], None]) -> None:
+    def _run(self, conn: socket.socket, request: dict, send: Callable[[str, Any], None]) -> tuple[str, Any] | None:
+        """Run the request, sending its events as they come; return its answer (None when its caller is gone)."""
         from schemas.errors import WorkerDiedError
 
-        since = time.time()
-        done = threading.Event()
-        gave_up = threading.Event()
+        pid = self.worker.pid()  # the process this request runs in: a late abort must never reach the next one's
+        run_ids: list[str] = []
+        state = threading.Lock()
+        done, gave_up = threading.Event(), threading.Event()
+        writes = request["command"] == "ingest"  # a query is let finish: nothing to stop, and a restart costs more
+
+        def caller_gone() -> None:
+            with state:
+                if done.is_set() or gave_up.is_set():
+                    return
+                gave_up.set()
+                if writes:
+                    self.worker.abort(pid)
 
         def watch_caller() -> None:
             # The caller sends nothing after its request: end of file means it is gone (Ctrl-C, a kill).
@@ -323,41 +338,41 @@ class WarmServer:
                 data = conn.recv(1)
             except OSError:
                 data = b""
-            if not data and not done.is_set():
-                gave_up.set()
-                self.worker.abort()
+            if not data:
+                caller_gone()
 
         threading.Thread(target=watch_caller, name="inlet-warm-caller", daemon=True).start()
 
         def forward(event: Any) -> None:
+            if event[0] == "run":  # the flow run the request made: what to mark Crashed if it is stopped
+                run_ids.append(event[1])
+                return
             if gave_up.is_set():
                 return
             try:
                 send("event", event)
             except OSError:
-                gave_up.set()
-                self.worker.abort()
+                caller_gone()
 
         try:
             answer = self.worker.call((request["command"], request["kwargs"]), on_event=forward)
         except WorkerDiedError as exc:
-            done.set()
-            if gave_up.is_set():
-                names = self._crashed(request, since)
-                print(f"inlet server: the caller of `inlet {request['command']}` went away; its run was stopped"
-                      + (f" (marked Crashed: {', '.join(names)})" if names else ""), file=sys.stderr, flush=True)
-            self._restart("its last run was stopped" if gave_up.is_set() else str(exc))
-            if not gave_up.is_set():
-                send("raise", exc)
-            return
+            with state:
+                done.set()
+            names = self._crashed(run_ids) if run_ids else []
+            why = "its caller went away" if gave_up.is_set() else "it died"
+            print(f"inlet server: the run of `inlet {request['command']}` was stopped ({why})"
+                  + (f"; marked Crashed: {', '.join(names)}" if names else ""), file=sys.stderr, flush=True)
+            self._restart("its last run was stopped")
+            return None if gave_up.is_set() else ("raise", exc)
         except Exception as exc:  # noqa: BLE001 - the command's own error, for its caller to report
+            answer, kind = exc, "raise"
+        else:
+            kind = "ok"
+        with state:
             done.set()
-            self.served += 1
-            send("raise", exc)
-            return
-        done.set()
         self.served += 1
-        send("ok", answer)
+        return None if gave_up.is_set() else (kind, answer)
 
 
 def ask_status() -> dict | None:
@@ -367,36 +382,21 @@ def ask_status() -> dict | None:
 
 
 
-def crash_stopped_runs(request: dict, since: float) -> list[str]:
-    """Mark as Crashed the ingest runs that a stopped request left Running (or Pending); return their names."""
-    if request.get("command") != "ingest":
-        return []
-    from datetime import UTC, datetime, timedelta
-
+def crash_runs(run_ids: list[str]) -> list[str]:
+    """Mark these flow runs Crashed where they are still Running or Pending (their process was killed); their names."""
     from prefect import get_client
-    from prefect.client.schemas.filters import (
-        FlowFilter,
-        FlowFilterName,
-        FlowRunFilter,
-        FlowRunFilterExpectedStartTime,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
-    )
     from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 
-    after = datetime.fromtimestamp(since, UTC) - timedelta(seconds=5)
     crashed = []
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["ingest"])),
-                                     flow_run_filter=FlowRunFilter(
-            expected_start_time=FlowRunFilterExpectedStartTime(after_=after),
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))))
-        for run in runs:
-            if str(run.parameters.get("config_path")) != request["kwargs"].get("config_path"):
+        for run_id in dict.fromkeys(run_ids):
+            run = client.read_flow_run(run_id)
+            if run.state is None or run.state.type not in (StateType.RUNNING, StateType.PENDING):
                 continue
-            client.set_flow_run_state(run.id, Crashed(message="its `inlet ingest` was interrupted; the next run "
-                                                      "converges from where it stopped"), force=True)
+            client.set_flow_run_state(run.id, Crashed(message="its `inlet` command was interrupted, or the warm "
+                                                      "process running it died; the next run converges from "
+                                                      "where it stopped"), force=True)
             crashed.append(run.name)
     return crashed
 
@@ -415,42 +415,45 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def supervise(url: str, *, server_env: dict[str, str] | None, warm_config: str | None,
-              caller_env: dict[str, str]) -> int:
+def supervise(url: str, *, server_env: dict[str, str] | None, warm_config: str | None, caller_env: dict[str, str],
+              worker_module: str) -> int:
     """Run `inlet server` until Ctrl-C or its Prefect server exits; return the exit code.
 
     server_env: start the Prefect server with this environment (None: one already answers at url).
     warm_config: the config the warm process warms up for (None: no warm process).
     caller_env: environment() as `inlet server` was started, which a command's must match to be taken.
+    worker_module: the warm process's module (its worker_main), flows/cli_worker.py.
+    Stopping goes in order: no new command, the run in progress stopped and marked Crashed, the warm process,
+    then the Prefect server (in a session of its own, so that the terminal's Ctrl-C reaches it only through here).
     """
+    import signal
     import subprocess
 
     from runtime.prefect_api import answers
-    from runtime.worker import WarmWorker
 
     _stop_on_sigterm()
     ui = url.removesuffix("/api")
     proc: subprocess.Popen | None = None
-    worker: WarmWorker | None = None
-    warm: WarmServer | None = None
     started: list[tuple[Any, WarmServer | None]] = []
+
+    def start_warm(path: Path) -> None:
+        try:
+            started.append(_start_warm(url, path, warm_config, caller_env, worker_module))
+        except Exception as exc:  # noqa: BLE001 - the Prefect server goes on; commands run in their own processes
+            _say(f"no warm process ({type(exc).__name__}: {exc}); inlet commands run in their own processes")
+
     try:
         if server_env is not None:
             _say(f"starting the Prefect server: API {url}, UI {ui} (Ctrl-C stops it)")
-            proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start"], env=server_env)
+            proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start"], env=server_env,
+                                    start_new_session=True)
         path = socket_path()
-        warming = None
         if warm_config is not None and path is not None:  # warms up while the Prefect server starts, and waits for it
-            warming = threading.Thread(target=lambda: started.append(_start_warm(url, path, warm_config, caller_env)),
-                                       name="inlet-warm-start", daemon=True)
-            warming.start()
+            threading.Thread(target=start_warm, args=(path,), name="inlet-warm-start", daemon=True).start()
         while proc is not None and not answers(url, timeout_s=2.0):
             if proc.poll() is not None:
                 return proc.returncode or 1
             time.sleep(0.2)
-        if warming is not None:
-            warming.join()
-            worker, warm = started[0]
         while proc is None or proc.poll() is None:
             time.sleep(0.5)
         _say(f"the Prefect server exited (code {proc.returncode})")
@@ -458,10 +461,12 @@ def supervise(url: str, *, server_env: dict[str, str] | None, warm_config: str |
     except KeyboardInterrupt:
         return 0
     finally:
-        if warm is not None:
-            warm.close()
-        if worker is not None:
-            worker.close()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stopping short
+        for worker, warm in started:
+            if warm is not None:
+                warm.close()
+            if worker is not None:
+                worker.close()
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
@@ -471,18 +476,19 @@ def supervise(url: str, *, server_env: dict[str, str] | None, warm_config: str |
                 proc.wait()
 
 
-def _start_warm(url: str, path: Path, config: str, caller_env: dict[str, str]) -> tuple[Any, WarmServer | None]:
+def _start_warm(url: str, path: Path, config: str, caller_env: dict[str, str],
+                worker_module: str) -> tuple[Any, WarmServer | None]:
     """Start the warm process and listen for commands; if it cannot start, say why (commands then run alone)."""
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
     from runtime.worker import WarmWorker
 
     api = get_current_settings().api.url or url  # a configured API wins, for the warm runs as for any command
-    worker = WarmWorker("flows.cli_worker", [config], env={"PREFECT_API_URL": api})
+    worker = WarmWorker(worker_module, [config], env={"PREFECT_API_URL": api})
 
-    def crashed(request: dict, since: float) -> list[str]:
+    def crashed(run_ids: list[str]) -> list[str]:
         with temporary_settings(updates={PREFECT_API_URL: api}):
-            return crash_stopped_runs(request, since)
+            return crash_runs(run_ids)
 
     _say("warming up Inlet (Prefect, LanceDB, the models, great-expectations) ...")
     begin = time.monotonic()

@@ -178,13 +178,14 @@ class WarmWorker:
         log.info("worker replaced by a warm spare: %s", info)
         self.on_replaced(info)
 
-    def abort(self) -> None:
+    def abort(self, pid: int | None = None) -> None:
         """Kill the worker in the middle of its request (its caller gave up): the waiting call() raises WorkerDiedError.
 
+        pid: only if the worker is still that process (an abort that comes late never reaches the next request's).
         A kill, not a request to stop: the pipeline is built to converge from a kill at any point.
         """
         child = self.current
-        if child is not None:
+        if child is not None and (pid is None or child.proc.pid == pid):
             child.proc.kill()
 
     def close(self) -> None:

@@ -31,6 +31,9 @@ def handle(request: tuple) -> object:
         raise TwoPartError("status 503", "the API is down")
     if request[0] == "sleep":
         time.sleep(request[1])
+    if request[0] == "ingest":  # as a run does: names its flow run, then works for request[1] seconds
+        emit(("run", "run-1"))
+        time.sleep(request[1])
     if request[0] == "events":  # emits request[1] events, numbered, before its answer
         for i in range(request[1]):
             emit(("event", i))

@@ -53,7 +53,7 @@ def warm(tmp_path, monkeypatch):
     worker.start()
     crashed: list[tuple] = []
     server = WarmServer(path, worker, environment(), os.getcwd(),
-                        crashed=lambda request, since: crashed.append((request["command"], since)) or ["run-1"])
+                        crashed=lambda run_ids: crashed.append(run_ids) or run_ids)
     server.listen()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     server.crashed_calls = crashed
@@ -93,25 +93,37 @@ def test_the_warm_process_declines_another_folder_another_environment_new_code_o
     assert hand_over("pid", {}, lambda event: None) == warm.worker.pid() != old
 
 
-def test_a_caller_that_goes_away_stops_its_run_which_is_marked_crashed_and_a_new_worker_takes_the_next(warm):
-    old = warm.worker.pid()
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(str(warm.path))
+def _leave(warm: WarmServer, command: str, kwargs: object, after_s: float = 1.0) -> None:
+    """Send a request and close the connection after_s later, as a command stopped by Ctrl-C does."""
     import pickle
 
     from runtime.warm import PROTOCOL
 
-    conn.sendall(pickle.dumps({"protocol": PROTOCOL, "command": "sleep", "kwargs": 60, "cwd": os.getcwd(),
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(str(warm.path))
+    conn.sendall(pickle.dumps({"protocol": PROTOCOL, "command": command, "kwargs": kwargs, "cwd": os.getcwd(),
                                "env": environment(), "pid": os.getpid()}))
-    time.sleep(1.0)
-    conn.close()  # Ctrl-C in the command
+    time.sleep(after_s)
+    conn.close()
+
+
+def test_a_caller_that_goes_away_stops_its_run_which_is_marked_crashed_and_a_new_worker_takes_the_next(warm):
+    old = warm.worker.pid()
+    _leave(warm, "ingest", 60)
     deadline = time.monotonic() + 60
     while not warm.crashed_calls and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert [c[0] for c in warm.crashed_calls] == ["sleep"], "the stopped request's runs were marked Crashed"
+    assert warm.crashed_calls == [["run-1"]], "the flow run the stopped request named was marked Crashed"
     assert not _alive(old), "the busy worker was killed, not left running the request"
     warm.settle()
     assert hand_over("pid", {}, lambda event: None) not in (old, None)
+
+
+def test_a_read_whose_caller_goes_away_is_let_finish_in_the_same_warm_worker(warm):
+    old = warm.worker.pid()
+    _leave(warm, "sleep", 2.0, after_s=0.5)
+    time.sleep(2.5)
+    assert warm.crashed_calls == [] and hand_over("pid", {}, lambda event: None) == old
 
 
 def test_a_worker_that_dies_mid_command_reaches_the_caller_as_worker_died(warm):
@@ -127,33 +139,29 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_stopped_ingest_runs_of_that_config_alone_are_marked_crashed(prefect_harness):
+def test_the_runs_a_stopped_request_named_are_marked_crashed_and_finished_ones_are_left_alone(prefect_harness):
     import asyncio
 
     from prefect import flow, get_client
-    from prefect.states import Running
+    from prefect.states import Completed, Running
 
-    from runtime.warm import crash_stopped_runs
+    from runtime.warm import crash_runs
 
     @flow(name="ingest")
-    def stand_in(config_path: str) -> None:
-        """Named as the ingest flow: its runs are made Running by hand, as a killed warm run leaves one."""
+    def stand_in() -> None:
+        """Named as the ingest flow: its runs are made by hand, as a killed warm run leaves one."""
 
-    async def make(config_path: str) -> str:
+    async def make(state: object) -> str:
         async with get_client() as client:
-            run = await client.create_flow_run(stand_in, parameters={"config_path": config_path}, state=Running())
-            return str(run.id)
+            return str((await client.create_flow_run(stand_in, state=state)).id)
 
     async def state(run_id: str) -> str:
         async with get_client() as client:
             return (await client.read_flow_run(run_id)).state.type.value
 
-    since = time.time()
-    stopped, other = asyncio.run(make("/kb/inlet.yaml")), asyncio.run(make("/other/inlet.yaml"))
-    names = crash_stopped_runs({"command": "ingest", "kwargs": {"config_path": "/kb/inlet.yaml"}}, since)
-    assert len(names) == 1
-    assert asyncio.run(state(stopped)) == "CRASHED" and asyncio.run(state(other)) == "RUNNING"
-    assert crash_stopped_runs({"command": "query", "kwargs": {"config_path": "/kb/inlet.yaml"}}, since) == []
+    stopped, finished = asyncio.run(make(Running())), asyncio.run(make(Completed()))
+    assert len(crash_runs([stopped, finished, stopped])) == 1
+    assert asyncio.run(state(stopped)) == "CRASHED" and asyncio.run(state(finished)) == "COMPLETED"
 
 
 @pytest.mark.slow
@@ -184,8 +192,11 @@ def test_inlet_server_runs_ingest_and_query_for_the_commands_and_declines_anothe
         page = re.search(r"this run in the Prefect UI: (\S+)/runs/flow-run/[0-9a-f-]{36}", ingest.stdout)
         assert page and page[1] == api.removesuffix("/api"), ingest.stdout[-1000:]
         assert re.search(r"docs new\s+│ 1", ingest.stdout), ingest.stdout[-2000:]
-        query = run("query", "engine winterization", "-k", "1")
+        query = subprocess.run([sys.executable, "-X", "importtime", "-m", "inlet.cli", "query", "engine winterization",
+                                "-k", "1", "--config", str(config)], cwd=ROOT, env=env, capture_output=True,
+                               text=True, timeout=300, check=False)
         assert query.returncode == 0 and "Engine winterization" in query.stdout, query.stderr[-2000:]
+        assert not re.search(r"\| +(lancedb|pyarrow|prefect)$", query.stderr, re.M), "the command loads none of it"
         status = subprocess.run([*INLET, "server", "--status"], cwd=ROOT, env=env, capture_output=True, text=True,
                                 timeout=60, check=False)
         assert "2 commands run" in status.stdout, status.stdout + status.stderr
