@@ -599,7 +599,8 @@ def server(
         if prefect_up:
             typer.echo(f"a Prefect server answers at {url}: the UI is at {ui}; inlet commands use it")
         else:
-            typer.echo(f"no Prefect server answers at {url}: start one with `make server` (or `inlet server`)")
+            typer.echo(f"no Prefect server answers at {url}: start one in another terminal with `make server` (or "
+                       "`inlet server`) for the Prefect UI, and `inlet ingest` and `inlet query` in a second or two")
         if warm_now:
             typer.echo(f"a warm Inlet process (pid {warm_now['worker_pid']}, up {warm_now['up_s']} s, "
                        f"{warm_now['served']} commands run) takes `inlet ingest` and `inlet query`")
