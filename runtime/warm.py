@@ -14,8 +14,9 @@ A command hands its work over only when the warm process would run it as the com
 - the same code: after an edit of Inlet's code or an install into the environment, the warm process declines
   and restarts itself in the background;
 - no other command running in it (one at a time; a second command runs in its own process meanwhile).
-A declined command runs as it always did, in its own process. Ctrl-C in the command kills the warm process's run
-(the pipeline converges from a kill at any point; the flow run is marked Crashed) and a new warm process starts.
+A declined command runs as it always did, in its own process, and so does one whose warm process died under it.
+Ctrl-C in `inlet ingest` kills the warm process's run (the pipeline converges from a kill at any point; the flow
+runs it named are marked Crashed) and a new warm process starts; a query is let finish.
 
 The socket lives in a folder only this user can enter ($XDG_RUNTIME_DIR, else the temp folder's inlet-<uid>);
 INLET_WARM_SOCKET names another path, or "off" to never hand over (the test suite's default).
