@@ -67,6 +67,10 @@ def run_ingest(kwargs: dict[str, Any]) -> dict[str, Any]:
     from runtime.progress import forwarded_bars
 
     quiet, bars = kwargs.pop("quiet"), kwargs.pop("bars")
+    try:
+        load_config(kwargs["config_path"])  # a bad config fails before any flow run, as in the command's own process
+    except InletError as exc:
+        return {"error": str(exc)}
     shown = forwarded_bars(emit) if bars else contextlib.nullcontext()
     with forwarded_logs(quiet), shown:
         state = ingest(**kwargs, return_state=True)

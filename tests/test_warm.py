@@ -203,6 +203,12 @@ def test_inlet_server_runs_ingest_and_query_for_the_commands_and_declines_anothe
         other = run("query", "engine winterization", "-k", "1", GEMINI_API_KEY="another key")
         assert other.returncode == 0 and "Engine winterization" in other.stdout, other.stderr[-2000:]
         assert "did not take this command (its environment differs in GEMINI_API_KEY); running it here" in other.stderr
+        broken = tmp_path / "broken.yaml"
+        broken.write_text("sources:\n  - {name: a, path: docs}\nembeding: {kind: hashing}\n")
+        refused = subprocess.run([*INLET, "ingest", "--config", str(broken)], cwd=ROOT, env=env, capture_output=True,
+                                 text=True, timeout=300, check=False)
+        assert refused.returncode == 2 and f"{broken}: embeding: Extra inputs are not permitted" in refused.stderr
+        assert "Beginning flow run" not in refused.stderr, "a bad config fails before any flow run"
         bad = run("query", "x", "--mode", "semantic")
         assert bad.returncode == 2 and "mode 'semantic' is not one of" in bad.stderr, "errors keep their exit code"
     finally:
