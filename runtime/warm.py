@@ -319,61 +319,72 @@ class WarmServer:
         """Run the request, sending its events as they come; return its answer (None when its caller is gone)."""
         from schemas.errors import WorkerDiedError
 
-        pid = self.worker.pid()  # the process this request runs in: a late abort must never reach the next one's
-        run_ids: list[str] = []
-        state = threading.Lock()
-        done, gave_up = threading.Event(), threading.Event()
-        writes = request["command"] == "ingest"  # a query is let finish: nothing to stop, and a restart costs more
-
-        def caller_gone() -> None:
-            with state:
-                if done.is_set() or gave_up.is_set():
-                    return
-                gave_up.set()
-                if writes:
-                    self.worker.abort(pid)
-
-        def watch_caller() -> None:
-            # The caller sends nothing after its request: end of file means it is gone (Ctrl-C, a kill).
-            try:
-                data = conn.recv(1)
-            except OSError:
-                data = b""
-            if not data:
-                caller_gone()
-
-        threading.Thread(target=watch_caller, name="inlet-warm-caller", daemon=True).start()
-
-        def forward(event: Any) -> None:
-            if event[0] == "run":  # the flow run the request made: what to mark Crashed if it is stopped
-                run_ids.append(event[1])
-                return
-            if gave_up.is_set():
-                return
-            try:
-                send("event", event)
-            except OSError:
-                caller_gone()
-
+        # A query is let finish when its caller goes: nothing to stop, and a restart costs more.
+        caller = _Caller(conn, send, self.worker, stops=request["command"] == "ingest")
         try:
-            answer = self.worker.call((request["command"], request["kwargs"]), on_event=forward)
+            answer = self.worker.call((request["command"], request["kwargs"]), on_event=caller.forward)
         except WorkerDiedError as exc:
-            with state:
-                done.set()
-            names = self._crashed(run_ids) if run_ids else []
-            why = "its caller went away" if gave_up.is_set() else "it died"
+            caller.finish()
+            names = self._crashed(caller.run_ids) if caller.run_ids else []
+            why = "its caller went away" if caller.gone.is_set() else "it died"
             print(f"inlet server: the run of `inlet {request['command']}` was stopped ({why})"
                   + (f"; marked Crashed: {', '.join(names)}" if names else ""), file=sys.stderr, flush=True)
             self._restart("its last run was stopped")
-            return None if gave_up.is_set() else ("raise", exc)
+            return None if caller.gone.is_set() else ("raise", exc)
         except Exception as exc:  # noqa: BLE001 - the command's own error, for its caller to report
             answer, kind = exc, "raise"
         else:
             kind = "ok"
-        with state:
-            done.set()
+        caller.finish()
         self.served += 1
-        return None if gave_up.is_set() else (kind, answer)
+        return None if caller.gone.is_set() else (kind, answer)
+
+
+class _Caller:
+    """One request's caller, watched while its request runs: events go to it; if it goes, the run may be stopped."""
+
+    def __init__(self, conn: socket.socket, send: Callable[[str, Any], None], worker: Any, stops: bool) -> None:
+        self._send, self._worker, self._stops = send, worker, stops
+        self._pid = worker.pid()  # the process this request runs in: a late abort must never reach the next one's
+        self._state = threading.Lock()
+        self._done = threading.Event()
+        self.gone = threading.Event()
+        self.run_ids: list[str] = []  # the flow runs the request named: what to mark Crashed if it is stopped
+        threading.Thread(target=self._watch, args=(conn,), name="inlet-warm-caller", daemon=True).start()
+
+    def _watch(self, conn: socket.socket) -> None:
+        # The caller sends nothing after its request: end of file means it is gone (Ctrl-C, a kill).
+        try:
+            data = conn.recv(1)
+        except OSError:
+            data = b""
+        if not data:
+            self._left()
+
+    def _left(self) -> None:
+        with self._state:
+            if self._done.is_set() or self.gone.is_set():
+                return
+            self.gone.set()
+            if self._stops:
+                self._worker.abort(self._pid)
+
+    def forward(self, event: Any) -> None:
+        """Pass one of the worker's events on (a ("run", id) is kept here instead)."""
+        if event[0] == "run":
+            self.run_ids.append(event[1])
+            return
+        if self.gone.is_set():
+            return
+        try:
+            self._send("event", event)
+        except OSError:
+            self._left()
+
+    def finish(self) -> None:
+        """The request has ended: its caller leaving now stops nothing."""
+        with self._state:
+            self._done.set()
 
 
 def ask_status() -> dict | None:
