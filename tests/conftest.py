@@ -171,18 +171,6 @@ def run_artifact(run_dir: Path, name: str) -> pa.Table:
     return pa.concat_tables([pq.read_table(f) for f in files]) if files else pa.table({"doc_id": pa.array([], pa.string())})
 
 
-# Tests that run the flow, a Prefect server, an object store or a Gemini-protocol server: `make test-fast` leaves
-# them out (pytest -m "not flow and not slow") and runs the pure stage tests in under a minute.
-_FLOW_FIXTURES = {"prefect_harness", "server", "s3", "zygote"}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that needs one of the servers above, or runs a subprocess of the flow, as `flow`."""
-    for item in items:
-        if _FLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.flow)
-
-
 def file_manifest(folder: Path) -> tuple[int, str]:
     """(files, sha256 over sorted "relative/path  sha256" lines) of a folder, bytecode caches aside: pins a package."""
     import hashlib
