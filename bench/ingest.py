@@ -9,6 +9,11 @@ deleted, 2 added), d) 10% changed (138 edited). Each measured run is its own pro
 Prefect server this script starts once. Reported apart: interpreter + import start-up, the import
 of great-expectations that a run with work pays when it first validates (~2 s), Prefect
 orchestration (flow wall minus the flow body) and pipeline time (the flow body without that import).
+
+--warm: each measured run is `inlet ingest --json` from the shell, handed over to the warm process of an
+`inlet server` started once for the benchmark's config (runtime/warm.py), as a person with a server running
+runs it: no interpreter start-up, imports, tokenizer or great-expectations load per run. A run the warm process
+declines fails the benchmark rather than being measured in its own process.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ PEERS = Path(os.environ.get("PEERS_DIR", SHARED / "bench-peers"))
 CORPUS = Path(os.environ.get("PEERS_CORPUS", SHARED / "corpora" / "markdown"))
 SCENARIOS = ("a_cold", "b_noop", "c_1pct", "d_10pct")
 EXECUTION: dict = {}  # the config's execution section (--runner, --workers, --batch-docs)
+WARM = False  # --warm: runs handed over to `inlet server`'s warm process
+INLET = Path(sys.executable).with_name("inlet")  # the console script of the environment running this benchmark
 
 
 # --- worker: one measured run in its own process -------------------------------------------------
@@ -117,8 +124,63 @@ def write_config(state: Path, embedder: str) -> Path:
     return path
 
 
+def start_warm(config: Path, env: dict[str, str]) -> subprocess.Popen:
+    """Start `inlet server` for config against the benchmark's Prefect server; return once its warm process answers."""
+    proc = subprocess.Popen([str(INLET), "server", "--config", str(config)], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        if _warm_served(env) is not None:
+            return proc
+        if proc.poll() is not None:
+            raise RuntimeError(f"inlet server exited with code {proc.returncode}")
+        time.sleep(0.5)
+    proc.terminate()
+    raise RuntimeError("the warm process of inlet server did not answer within 300 s")
+
+
+def _warm_served(env: dict[str, str]) -> int | None:
+    """How many commands the warm process has run, or None while none answers (`inlet server --status`)."""
+    status = subprocess.run([str(INLET), "server", "--status"], env=env, cwd=ROOT, capture_output=True, text=True)
+    for line in status.stdout.splitlines():
+        if line.startswith("a warm Inlet process"):
+            return int(line.split(" commands run")[0].rsplit(", ", 1)[1])
+    return None
+
+
+def measure_warm(config: Path, env: dict[str, str]) -> dict:
+    """Run `inlet ingest --json` as a shell would; its summary, wall time and stage split, checked to be handed over."""
+    before = _warm_served(env)
+    start = time.perf_counter()
+    proc = subprocess.run([str(INLET), "ingest", "--config", str(config), "--json"], env=env, cwd=ROOT,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"inlet ingest failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    if before is None or _warm_served(env) != before + 1:
+        raise RuntimeError(f"inlet ingest was not run by the warm process:\n{proc.stderr[-2000:]}")
+    summary = json.loads(proc.stdout)
+    gx_import_s = summary["stage_seconds"].get("import gx", 0.0)
+    stage_s = summary["pipeline_seconds"] - gx_import_s
+    table = _open_chunks(config)
+    return {"interpreter_s": 0.0, "import_s": 0.0, "flow_s": wall, "pipeline_s": stage_s, "gx_import_s": gx_import_s,
+            "prefect_overhead_s": wall - summary["pipeline_seconds"], "peak_rss_mb": 0.0, "peak_rss_children_mb": 0.0,
+            "rows": table, "process_wall_s": wall, **{k: v for k, v in summary.items() if k not in ("quarantined",)}}
+
+
+def _open_chunks(config: Path) -> int:
+    """The chunk rows of the store config names (0 before its first run)."""
+    import lancedb
+    import yaml
+
+    uri = yaml.safe_load(config.read_text())["store"]["uri"]
+    db = lancedb.connect(uri)
+    return db.open_table("chunks").count_rows() if "chunks" in db.list_tables().tables else 0
+
+
 def measure(config: Path, env: dict[str, str], work: Path) -> dict:
-    """Run one worker process and return its JSON plus the whole process wall time."""
+    """Run one worker process (or, with --warm, one handed-over `inlet ingest`) and return its JSON and wall time."""
+    if WARM:
+        return measure_warm(config, env)
     out = work / "result.json"
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "--worker", str(config), str(out)], env=env,
@@ -238,6 +300,8 @@ def main() -> None:
     parser.add_argument("--runner", choices=["thread", "process", "dask"], help="execution.task_runner")
     parser.add_argument("--workers", type=int, help="execution.workers")
     parser.add_argument("--batch-docs", type=int, help="execution.batch_docs")
+    parser.add_argument("--warm", action="store_true",
+                        help="hand each run to the warm process of an `inlet server` (runs timed from the shell)")
     parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -250,11 +314,24 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="inlet-bench-"))
     server, url, server_s = start_prefect_server(work / "prefect-home")
     env = {**os.environ, "PREFECT_API_URL": url, "PYTHONPATH": str(ROOT)}
+    warm = None
+    if args.warm:
+        global WARM
+        WARM = True
+        # No PREFECT_API_URL: `inlet server` and the commands find the benchmark's server as the local one.
+        env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
+        env.update(PREFECT_HOME=str(work / "prefect-home"), PREFECT_SERVER_API_HOST="127.0.0.1",
+                   PREFECT_SERVER_API_PORT=url.rsplit(":", 1)[1].removesuffix("/api"),
+                   INLET_WARM_SOCKET=str(work / "warm.sock"))
+        warm = start_warm(write_config(work / "state", args.embedder if args.embedder != "both" else "hashing"), env)
     try:
         embedders = ["hashing", "minilm"] if args.embedder == "both" else [args.embedder]
         rows = [r for e in embedders
                 for r in run_embedder(e, args.scenarios.split(","), args.reps, env, work, check=not args.no_check)]
     finally:
+        if warm is not None:
+            warm.terminate()  # SIGTERM: inlet server stops its warm process in order
+            warm.wait(timeout=60)
         server.terminate()
         server.wait(timeout=30)
     summary = summarize(rows)

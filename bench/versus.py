@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/versus.py                           # 3 reps each side (~15-35 min here)
     .venv/bin/python bench/versus.py --reps 1 --scenarios c_1pct
+    .venv/bin/python bench/versus.py --warm     # Inlet's runs handed to an `inlet server` (bench/ingest.py --warm)
 
 Runs `bench/ingest.py` (hashing embedder, with its check against a cold build), then the peers'
 harness, then `bench/ingest.py` again: this machine's speed drifts within the hour, so Inlet is
@@ -84,7 +85,8 @@ def markdown(rows: list[dict], times: list[str]) -> str:
 
 def _inlet(args: argparse.Namespace, out: Path) -> dict:
     cmd = [sys.executable, str(ROOT / "bench" / "ingest.py"), "--reps", str(args.reps), "--scenarios",
-           ",".join(args.scenarios), "--out", str(out), *(["--no-check"] if args.no_check else [])]
+           ",".join(args.scenarios), "--out", str(out), *(["--no-check"] if args.no_check else []),
+           *(["--warm"] if args.warm else [])]
     subprocess.run(cmd, check=True, cwd=ROOT)
     return json.loads(out.read_text())
 
@@ -108,6 +110,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--scenarios", type=lambda v: v.split(","), default=list(SCENARIOS))
     parser.add_argument("--no-check", action="store_true", help="skip Inlet's comparison with a cold build")
+    parser.add_argument("--warm", action="store_true", help="Inlet's runs handed to the warm process of `inlet server`")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "versus.json")
     args = parser.parse_args()
     if not (PEERS / "run.sh").is_file() or not CORPUS.is_dir():
