@@ -90,24 +90,29 @@ def markdown_corpus(tmp_path: Path) -> Path:
     return target
 
 
-@pytest.fixture
-def write_config(tmp_path: Path) -> Callable[..., Path]:
-    """Write a config for a corpus folder with a store in tmp_path; keyword sections override defaults."""
+def config_writer(folder: Path) -> Callable[..., Path]:
+    """A function that writes a config for a corpus folder with a store in folder; keyword sections override defaults."""
 
     def _write(source: Path, *, name: str = "inlet.yaml", store: str = "store", **sections: dict) -> Path:
         data = {
             "sources": [{"name": "sample", "path": str(source),
                          "metadata": {"doc_type": "club-docs", "tags": ["sailing"], "subject": "sailing"}}],
             "embedding": {"kind": "hashing", "dim": 64},
-            "store": {"uri": str(tmp_path / store / "lancedb"), "artifacts": str(tmp_path / store / "runs")},
+            "store": {"uri": str(folder / store / "lancedb"), "artifacts": str(folder / store / "runs")},
         }
         for key, value in sections.items():
             data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
-        path = tmp_path / name
+        path = folder / name
         path.write_text(yaml.safe_dump(data), encoding="utf-8")
         return path
 
     return _write
+
+
+@pytest.fixture
+def write_config(tmp_path: Path) -> Callable[..., Path]:
+    """Write a config for a corpus folder with a store in tmp_path; keyword sections override defaults."""
+    return config_writer(tmp_path)
 
 
 class _Requests(logging.Handler):

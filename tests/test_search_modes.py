@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import struct
 import sys
 from pathlib import Path
@@ -16,19 +17,18 @@ from schemas.config import load_config
 from schemas.errors import QueryError
 from store.commit import fulltext_index_name
 from store.tables import FILE_FORMAT
-from tests.conftest import run_artifact
+from tests.conftest import SAMPLE, config_writer, run_artifact
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 SECRET = "The harbour master's safe code is 4471 and the spare keys hang behind the chart table."
 
 
-@pytest.fixture
-def store(tmp_path: Path, corpus: Path, write_config) -> Path:
-    """The sample corpus (public) plus one confidential and one internal document, ingested once."""
-    vault = tmp_path / "vault"
+def build_store(folder: Path, corpus: Path, write_config) -> Path:
+    """The sample corpus (public) plus one confidential and one internal document, ingested; its config."""
+    vault = folder / "vault"
     vault.mkdir()
     (vault / "safe.md").write_text(f"# Safe\n\n{SECRET}\n")
-    staff = tmp_path / "staff"
+    staff = folder / "staff"
     staff.mkdir()
     (staff / "rota.md").write_text("# Rota\n\nThe winter rota for the outboard engine checks is on the wall.\n")
     config = write_config(corpus, sources=[
@@ -40,37 +40,51 @@ def store(tmp_path: Path, corpus: Path, write_config) -> Path:
     return config
 
 
+@pytest.fixture
+def store(tmp_path: Path, corpus: Path, write_config) -> Path:
+    """A store of this test's own, which it may edit and ingest again."""
+    return build_store(tmp_path, corpus, write_config)
+
+
+@pytest.fixture(scope="module")
+def read_store(prefect_harness, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same store built once for this file's tests that only search it (none of them writes to it)."""
+    folder = tmp_path_factory.mktemp("read-store")
+    shutil.copytree(SAMPLE, folder / "corpus")
+    return build_store(folder, folder / "corpus", config_writer(folder))
+
+
 @pytest.mark.parametrize("mode", ["vector", "fulltext", "hybrid"])
-def test_a_confidential_chunk_never_reaches_a_public_caller_whatever_the_query(store, mode):
+def test_a_confidential_chunk_never_reaches_a_public_caller_whatever_the_query(read_store, mode):
     for text in [SECRET, "safe code", "harbour master spare keys chart table", "4471"]:
-        for hit in search(text, k=20, mode=mode, config=store):
+        for hit in search(text, k=20, mode=mode, config=read_store):
             assert hit.metadata["access_level"] == "public", (text, hit.doc_id)
     assert any(h.doc_id == "vault:safe.md" for h in search(SECRET, k=3, mode=mode, clearance="confidential",
-                                                           config=store))
+                                                           config=read_store))
 
 
-def test_clearance_admits_levels_at_or_below_it(store):
+def test_clearance_admits_levels_at_or_below_it(read_store):
     internal = {h.metadata["access_level"] for h in search("winter rota outboard engine", k=30, mode="fulltext",
-                                                            clearance="internal", config=store)}
+                                                            clearance="internal", config=read_store)}
     assert internal == {"public", "internal"}
     with pytest.raises(QueryError, match="clearance 'secret' is not one of"):
-        search("x", clearance="secret", config=store)
+        search("x", clearance="secret", config=read_store)
 
 
 @pytest.mark.parametrize("mode", ["vector", "fulltext", "hybrid"])
-def test_filters_apply_in_every_mode_and_fallback_says_so(store, mode):
-    hits = search("engine", k=5, mode=mode, where={"doc_type": "club-docs"}, config=store)
+def test_filters_apply_in_every_mode_and_fallback_says_so(read_store, mode):
+    hits = search("engine", k=5, mode=mode, where={"doc_type": "club-docs"}, config=read_store)
     assert hits and all(h.metadata["doc_type"] == "club-docs" for h in hits)
-    assert search("engine", mode=mode, where={"doc_type": "none-such"}, config=store) == []
-    fell_back = search("engine", mode=mode, where={"doc_type": "none-such"}, fallback=True, config=store)
+    assert search("engine", mode=mode, where={"doc_type": "none-such"}, config=read_store) == []
+    fell_back = search("engine", mode=mode, where={"doc_type": "none-such"}, fallback=True, config=read_store)
     assert fell_back and "ignore them" in fell_back.notices[0]
     assert all(h.metadata["access_level"] == "public" for h in fell_back), "the fallback keeps the clearance"
 
 
-def test_fulltext_finds_exact_terms_and_hybrid_fuses_both_rankings(store):
-    top = search("gelcoat hardener", k=1, mode="fulltext", config=store)[0]
+def test_fulltext_finds_exact_terms_and_hybrid_fuses_both_rankings(read_store):
+    top = search("gelcoat hardener", k=1, mode="fulltext", config=read_store)[0]
     assert top.doc_id == "sample:guides/boat-maintenance.md" and "hardener" in top.text
-    hybrid = search("gelcoat hardener", k=3, mode="hybrid", config=store)
+    hybrid = search("gelcoat hardener", k=3, mode="hybrid", config=read_store)
     assert hybrid[0].chunk_id == top.chunk_id
     assert fuse([(1.0, ["a", "b"]), (1.0, ["b", "c"])], 60) == pytest.approx(
         {"a": 1 / 61, "b": 1 / 62 + 1 / 61, "c": 1 / 62})
@@ -164,12 +178,12 @@ def test_as_of_a_run_tag_a_version_or_a_time_reads_the_table_as_it_was(store, co
         search("x", as_of="no-such-run", config=store)
 
 
-def test_neighbors_are_the_previous_and_next_chunks_in_order(store):
-    hit = search("gelcoat hardener", k=1, mode="fulltext", neighbors=1, config=store)[0]
+def test_neighbors_are_the_previous_and_next_chunks_in_order(read_store):
+    hit = search("gelcoat hardener", k=1, mode="fulltext", neighbors=1, config=read_store)[0]
     i = hit.metadata["chunk_index"]
     assert [n.chunk_index for n in hit.before] == ([i - 1] if i > 0 else [])
     assert [n.chunk_index for n in hit.after] == ([i + 1] if i + 1 < hit.metadata["total_chunks"] else [])
-    assert search("gelcoat hardener", k=1, mode="fulltext", config=store)[0].before == ()
+    assert search("gelcoat hardener", k=1, mode="fulltext", config=read_store)[0].before == ()
 
 
 def test_versions_list_runs_and_diff_names_edited_added_and_deleted_documents(store, corpus):
@@ -322,9 +336,9 @@ def test_search_sees_new_runs_and_a_chunks_table_made_anew(store, corpus):
     assert search("wombat slipway", k=1, mode="vector", config=store)[0].doc_id == "sample:fresh.md"
 
 
-def test_tables_are_written_in_the_file_format_chosen_for_fast_row_fetches(store):
+def test_tables_are_written_in_the_file_format_chosen_for_fast_row_fetches(read_store):
     # A Lance data file ends with its format version (two little-endian u16) and the magic "LANC".
-    files = list(Path(load_config(store).store.uri).glob("*.lance/data/*.lance"))
+    files = list(Path(load_config(read_store).store.uri).glob("*.lance/data/*.lance"))
     assert {p.parent.parent.name for p in files} >= {"chunks.lance", "documents.lance", "runs.lance"}
     versions = {struct.unpack("<HH", p.read_bytes()[-8:-4]) for p in files}
     assert versions == {tuple(int(n) for n in FILE_FORMAT.split("."))}
