@@ -221,13 +221,24 @@ def _row(set_name: str, variant: str, mode: str, values: list[dict[str, np.ndarr
     return row
 
 
+# Sides further apart than this in nDCG@10 "disagree": there the default must reach the better side outright, not
+# only within the interval (issue 54's rule), since a fusion that follows the weak side shows there first.
+DISAGREE_GAP = 0.05
+
+
 def default_check(values: dict[str, dict[str, np.ndarray]]) -> dict:
-    """Is the default at least the better of its sides? The paired 95% interval of default minus the better side."""
-    better = max(("vector", "fulltext"), key=lambda m: values[m]["ndcg@10"].mean())
+    """Is the default at least the better of its sides? The paired 95% interval of default minus the better side,
+    the gap between the sides (vector minus full-text), and whether the default reached the better side's mean."""
+    means = {m: float(values[m]["ndcg@10"].mean()) for m in ("vector", "fulltext", "default")}
+    better = max(("vector", "fulltext"), key=means.__getitem__)
     diff = values["default"]["ndcg@10"] - values[better]["ndcg@10"]
     _, lo, hi = interval([diff])
+    gap = means["vector"] - means["fulltext"]
+    disagree, reached = abs(gap) > DISAGREE_GAP, means["default"] >= means[better]
     return {"better_side": better, "default_minus_better": round(float(diff.mean()), 4),
-            "diff_lo": round(lo, 4), "diff_hi": round(hi, 4), "not_worse": bool(hi >= 0)}
+            "diff_lo": round(lo, 4), "diff_hi": round(hi, 4), "not_worse": bool(hi >= 0),
+            "vector_minus_fulltext": round(gap, 4), "disagree": bool(disagree), "reached_better": bool(reached),
+            "ok": bool(hi >= 0 and (reached or not disagree))}
 
 
 def save_runs(runs: dict[str, QueryRun], data: Dataset, path: Path) -> None:

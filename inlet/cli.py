@@ -490,10 +490,21 @@ def eval_(
                       f"{r['recall@10']:.3f}", f"{r['mrr@10']:.3f}", str(r["queries"]))
     _console().print(table)
     for c in report["checks"]:
-        verdict = "ok" if c["not_worse"] else "WORSE"
-        typer.echo(f"{c['set']} ({c['variant']}): default - {c['better_side']} = {c['default_minus_better']:+.3f} "
-                   f"({c['diff_lo']:+.3f} to {c['diff_hi']:+.3f}) {verdict}")
+        typer.echo(check_line(c))
     typer.echo(f"written to {report['path']}")
+
+
+def check_line(c: dict) -> str:
+    """One set's check: how far apart its sides are, and whether the default reached the better one."""
+    sides = f"vector - full-text {c['vector_minus_fulltext']:+.3f}" + (" (the sides disagree)" if c["disagree"] else "")
+    if c["ok"]:
+        verdict = "ok"
+    elif c["not_worse"]:
+        verdict = "BELOW the better side where the sides disagree"
+    else:
+        verdict = "WORSE"
+    return (f"{c['set']} ({c['variant']}): {sides}; default - {c['better_side']} = {c['default_minus_better']:+.3f} "
+            f"({c['diff_lo']:+.3f} to {c['diff_hi']:+.3f}) {verdict}")
 
 
 def _calibrate(questions: Path, config: Path, workdir: Path | None) -> None:

@@ -115,6 +115,29 @@ def test_the_bootstrap_interval_covers_the_mean_and_narrows_with_more_queries():
     assert interval([np.ones(10)])[1:] == (1.0, 1.0)
 
 
+def test_the_check_says_where_the_sides_disagree_and_whether_the_default_reached_the_better_one():
+    from flows.eval import default_check
+    from inlet.cli import check_line
+
+    def values(vector: list[float], fulltext: list[float], default: list[float]) -> dict:
+        return {m: {"ndcg@10": np.asarray(v)} for m, v in (("vector", vector), ("fulltext", fulltext),
+                                                           ("default", default))}
+
+    near = default_check(values([0.9, 0.8, 0.7, 0.6], [0.88, 0.79, 0.69, 0.6], [0.91, 0.79, 0.69, 0.59]))
+    assert not near["disagree"] and not near["reached_better"] and near["ok"], near  # within the interval suffices
+    apart = values([0.9, 0.8, 0.7, 0.6], [0.3, 0.2, 0.3, 0.2], [0.9, 0.8, 0.7, 0.58])
+    below = default_check(apart)
+    assert below["vector_minus_fulltext"] == pytest.approx(0.5) and below["disagree"] and below["better_side"] == "vector"
+    assert below["not_worse"] and not below["reached_better"] and not below["ok"], below
+    assert "(the sides disagree)" in check_line({"set": "s", "variant": "v", **below})
+    assert check_line({"set": "s", "variant": "v", **below}).endswith("BELOW the better side where the sides disagree")
+    apart["default"]["ndcg@10"] = np.asarray([0.9, 0.8, 0.7, 0.61])
+    reached = default_check(apart)
+    assert reached["reached_better"] and reached["ok"] and check_line({"set": "s", "variant": "v", **reached}).endswith(" ok")
+    worse = default_check(values([0.9, 0.8, 0.7, 0.6], [0.3, 0.2, 0.3, 0.2], [0.3, 0.2, 0.3, 0.2]))
+    assert not worse["not_worse"] and check_line({"set": "s", "variant": "v", **worse}).endswith("WORSE")
+
+
 def test_questions_csv_over_the_configs_own_sources(corpus, tmp_path, write_config):
     questions = tmp_path / "questions.csv"
     questions.write_text("question,gold\nWhat are the wind limits for laser dinghies?,policies/safety-policy.html\n"
