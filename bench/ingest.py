@@ -143,7 +143,10 @@ def _warm_served(env: dict[str, str]) -> int | None:
     status = subprocess.run([str(INLET), "server", "--status"], env=env, cwd=ROOT, capture_output=True, text=True)
     for line in status.stdout.splitlines():
         if line.startswith("a warm Inlet process"):
-            return int(line.split(" commands run")[0].rsplit(", ", 1)[1])
+            try:  # "a warm Inlet process (pid P, up S s, N commands run) takes ..."
+                return int(line.split(" commands run")[0].rsplit(", ", 1)[1])
+            except (IndexError, ValueError):
+                raise RuntimeError(f"inlet server --status printed a line this benchmark cannot read: {line!r}") from None
     return None
 
 
@@ -162,6 +165,8 @@ def measure_warm(config: Path, env: dict[str, str]) -> dict:
     gx_import_s = summary["stage_seconds"].get("import gx", 0.0)
     stage_s = summary["pipeline_seconds"] - gx_import_s
     table = _open_chunks(config)
+    # No process of its own to split: start-up reads 0, and "Prefect overhead" is all of the command's wall time
+    # outside the pipeline (its client's start, Prefect's run set-up and teardown, the answer's way back).
     return {"interpreter_s": 0.0, "import_s": 0.0, "flow_s": wall, "pipeline_s": stage_s, "gx_import_s": gx_import_s,
             "prefect_overhead_s": wall - summary["pipeline_seconds"], "peak_rss_mb": 0.0, "peak_rss_children_mb": 0.0,
             "rows": table, "process_wall_s": wall, **{k: v for k, v in summary.items() if k not in ("quarantined",)}}
