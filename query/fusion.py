@@ -12,6 +12,15 @@ full-text side. Two fusions are offered (query.fusion):
   ../shared/corpora/eval (bench/README.md, "Retrieval across data sets").
 - rrf: weighted reciprocal rank fusion, weight / (rrf_k + rank) summed over the sides. Ranks only: a
   weak side drags the fused ranking as much as a strong one.
+
+Either way, the vector side's weight can follow the sides' agreement on the query (query.agreement): the
+share of their first AGREEMENT_WINDOW candidates they have in common. A weak embedder (the static one, or a
+model reading text unlike what it was trained on) returns lists that share little with BM25's, and
+standardising makes its best guess look as sure as BM25's best match; below the configured overlap, the
+vector side keeps that fraction of its weight (at half of it, half its weight). Where both sides are good
+they share a third or more of their lists (0.34-0.45 on the e5 runs of every set of ../shared/corpora/eval;
+the static embedder's runs 0.09-0.24), so their fusion is mostly left as it was. Off by default: it lifts
+the static embedder's rows but costs e5's sets 0.003 mean nDCG@10 (schemas/config.py AGREEMENT_DEFAULT).
 """
 
 from __future__ import annotations
@@ -21,6 +30,9 @@ from collections.abc import Sequence
 
 Key = str | int
 Ranked = Sequence[tuple[Key, float]]
+# Candidates of each side compared for their agreement: enough to be more than a handful of ids at the default
+# k of 5 (a hybrid search of k fetches k x query.candidates a side, at least this many when agreement is on).
+AGREEMENT_WINDOW = 20
 
 
 def fuse(rankings: list[tuple[float, list[Key]]], rrf_k: int) -> dict[Key, float]:
@@ -59,9 +71,27 @@ def zscore_fusion(dense: Ranked, sparse: Ranked, vector_weight: float, fulltext_
     return scores
 
 
+def side_overlap(dense: Ranked, sparse: Ranked, window: int = AGREEMENT_WINDOW) -> float:
+    """Share of the sides' first `window` candidates (or of the shorter side's, when fewer) held by both."""
+    n = min(window, len(dense), len(sparse))
+    if n == 0:
+        return 0.0
+    return len({c for c, _ in dense[:n]} & {c for c, _ in sparse[:n]}) / n
+
+
+def agreement_share(dense: Ranked, sparse: Ranked, full_at: float, window: int = AGREEMENT_WINDOW) -> float:
+    """How much of its weight the vector side keeps: all of it where the sides agree on full_at of their first
+    candidates or more (or full_at is 0: off), in proportion below; all of it when one side found nothing."""
+    if full_at <= 0 or not dense or not sparse:
+        return 1.0
+    return min(1.0, side_overlap(dense, sparse, window) / full_at)
+
+
 def fuse_sides(dense: Ranked, sparse: Ranked, *, method: str, vector_weight: float, fulltext_weight: float,
-               rrf_k: int) -> dict[Key, float]:
-    """Fuse the two sides by the configured method; returns each candidate's fused score."""
+               rrf_k: int, agreement: float = 0.0) -> dict[Key, float]:
+    """Fuse the two sides by the configured method, the vector side's weight scaled by agreement_share (off at
+    agreement 0); returns each candidate's fused score."""
+    vector_weight *= agreement_share(dense, sparse, agreement)
     if method == "rrf":
         return fuse([(vector_weight, [c for c, _ in dense]), (fulltext_weight, [c for c, _ in sparse])], rrf_k)
     return zscore_fusion(dense, sparse, vector_weight, fulltext_weight)

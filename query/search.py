@@ -17,7 +17,7 @@ import lancedb
 
 from providers.embedders import Embedder, query_embedder
 from providers.keys import use_secret_block
-from query.fusion import fuse_sides
+from query.fusion import AGREEMENT_WINDOW, fuse_sides
 from schemas.arrow import PUBLISHED_TAG
 from schemas.config import ACCESS_LEVELS, InletConfig, QueryConfig, load_config
 from schemas.errors import EmbedderMismatchError, QueryError, StoreError
@@ -351,7 +351,8 @@ def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: i
                        "try mode fulltext or hybrid"] if uncovered else [])
     if mode == "fulltext":
         return [_result(r, float(r["_score"])) for r in _fulltext_rows(table, text, clause, n)], []
-    depth = k * qcfg.candidates
+    # Agreement between the sides is judged on their first AGREEMENT_WINDOW candidates, whatever k is.
+    depth = max(k * qcfg.candidates, AGREEMENT_WINDOW if qcfg.agreement > 0 else 0)
     # Both sides at once (LanceDB works outside the GIL), row ids and scores only: reading any column costs each
     # side a materialising step (~1.5 ms at 1M chunks); the languages of the full-text candidates are read only
     # for an embedder that does not read every language. The vector side is dropped below if its weight is 0.
@@ -369,7 +370,8 @@ def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: i
     dense = dense if weight > 0 else []
     scores = fuse_sides([(r["_rowid"], 1.0 - float(r["_distance"])) for r in dense],
                         [(r["_rowid"], float(r["_score"])) for r in sparse], method=qcfg.fusion,
-                        vector_weight=weight, fulltext_weight=qcfg.fulltext_weight, rrf_k=qcfg.rrf_k)
+                        vector_weight=weight, fulltext_weight=qcfg.fulltext_weight, rrf_k=qcfg.rrf_k,
+                        agreement=qcfg.agreement)
     # The sides' depth follows k alone: keep only lets more of the fused list through.
     rows = _fetch(table, tied_cut(scores, n))
     # Ties are broken by chunk id, as everywhere else: every row tied with the last one kept was fetched.

@@ -352,6 +352,11 @@ FTS_LANGUAGES: dict[str, str] = {"ar": "Arabic", "da": "Danish", "nl": "Dutch", 
                  "nb": "Norwegian", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "es": "Spanish",
                  "sv": "Swedish", "ta": "Tamil", "tr": "Turkish"}
 
+# Off by default: over the 18 sets of ../shared/corpora/eval with e5 it lowered the mean nDCG@10 (0.875 -> 0.872 at
+# 0.3) while it lifted the static embedder's rows (0.605 -> 0.650); bench/fusion.py on bench/fusion_runs.py's runs.
+AGREEMENT_DEFAULT = 0.0
+
+
 class QueryConfig(_Strict):
     """How search ranks and fuses; indexes kept by the ingest flow."""
 
@@ -366,6 +371,10 @@ class QueryConfig(_Strict):
     vector_weight: float = Field(0.5, ge=0, description="Weight of the vector ranking in hybrid fusion.")
     fulltext_weight: float = Field(0.5, ge=0, description="Weight of the full-text (BM25) ranking in hybrid fusion.")
     rrf_k: int = Field(60, ge=1, description="Reciprocal rank fusion constant: score = weight / (rrf_k + rank).")
+    agreement: float = Field(
+        AGREEMENT_DEFAULT, ge=0, le=1, description="Hybrid fusion: the share of their first 20 candidates the two "
+        "sides must have in common for the vector side to keep all its weight; below it, it keeps that fraction "
+        "(a weak embedder's list shares little with BM25's). 0: fixed weights. query/fusion.py.")
     candidates: int = Field(4, ge=1, le=100, description="Each side of a hybrid search fetches candidates x k rows.")
     fulltext_index: bool = Field(True, description="Create and keep current a full-text index on chunk text.")
     fulltext_language: str = Field(

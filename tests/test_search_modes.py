@@ -109,6 +109,26 @@ def test_zscore_fusion_follows_the_side_whose_best_hit_stands_out_where_rrf_does
     assert missing["b"] == pytest.approx(-1.0 + -1.0), "b: its own side's -1, and the other side's lowest z, -1"
 
 
+def test_a_vector_side_that_shares_little_with_full_text_loses_weight_in_proportion():
+    from query.fusion import AGREEMENT_WINDOW, agreement_share, fuse_sides, ranked, side_overlap
+
+    sparse = [(f"d{i:02d}", 20.0 - i) for i in range(40)]
+    agreeing = [(f"d{i:02d}", 0.9 - 0.01 * i) for i in range(5, 45)]  # d05..d19 within both first 20: 15 of 20
+    stray = [(f"x{i:02d}", 0.9 - 0.01 * i) for i in range(36)] + [(f"d{i:02d}", 0.5) for i in range(4)]
+    assert side_overlap(agreeing, sparse) == 15 / AGREEMENT_WINDOW
+    assert agreement_share(agreeing, sparse, 0.3) == 1.0, "sides that agree keep their weights"
+    assert side_overlap(stray, sparse) == 0.0 and agreement_share(stray, sparse, 0.3) == 0.0
+    assert agreement_share(stray, sparse, 0.0) == 1.0, "agreement 0: fixed weights"
+    assert agreement_share(stray, [], 0.3) == 1.0, "full-text found nothing: the vector side is all there is"
+    half = [(f"x{i:02d}", 0.9 - 0.01 * i) for i in range(17)] + [(f"d{i:02d}", 0.5) for i in range(3)]
+    assert agreement_share(half, sparse, 0.3) == pytest.approx(0.15 / 0.3), "3 of 20 shared: half the weight"
+    assert side_overlap([("a", 1.0), ("b", 0.5)], [("b", 3.0), ("c", 1.0), ("d", 0.5)]) == 0.5, "the shorter side's n"
+    fixed = ranked(fuse_sides(stray, sparse, method="zscore", vector_weight=0.5, fulltext_weight=0.5, rrf_k=60))
+    judged = ranked(fuse_sides(stray, sparse, method="zscore", vector_weight=0.5, fulltext_weight=0.5, rrf_k=60,
+                               agreement=0.3))
+    assert fixed[:4] == ["d00", "x00", "d01", "x01"], "fixed weights: the stray list's guesses interleave"
+    assert judged[:5] == ["d00", "d01", "d02", "d03", "d04"], "no shared candidate: full-text's ranking alone"
+
 def test_tied_cut_keeps_every_row_tied_with_the_last_one_kept():
     from query.search import tied_cut
 
