@@ -11,8 +11,8 @@ candidates query.search returned for that set's queries. A variant whose vector 
 for language (its default ranking is full-text's on most queries: the static embedder on the
 non-English sets) is left out: fusing its kept vector side would score what search never does. Then,
 holding each set out in turn (all its variants), the grid point with the best objective on the other
-sets (mean gain over the better side, losses counted twice), and its score on the held-out set. Sets whose sides differ by more than 0.05
-nDCG@10 are listed apart. Writes bench/results/fusion.json.
+sets (mean gain over the better side, losses counted twice), and its score on the held-out set. Sets
+whose sides differ by more than 0.05 nDCG@10 are listed apart. Writes bench/results/fusion.json.
 """
 
 from __future__ import annotations
@@ -118,6 +118,41 @@ def leave_one_out(table: dict[str, dict[str, np.ndarray]]) -> list[dict]:
     return out
 
 
+def print_sets(table: dict[str, dict[str, np.ndarray]], chosen: dict[str, dict]) -> None:
+    """Per row: the sides, the shipped fusion, it with agreement 0.3, and the leave-one-set-out choice."""
+    shipped = shipped_label()
+    agreeing = label({"method": "zscore", "vector_weight": 0.5, "fulltext_weight": 0.5, "rrf_k": 60, "agreement": 0.3})
+    print(f"| set | vector | full-text | vector - full-text | {shipped} (shipped) | {agreeing} | "
+          "chosen on the other sets | its nDCG@10 | its gain over the better side |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
+    for group in (False, True):  # the sets whose sides agree, then those that disagree
+        for name, values in table.items():
+            gap = values["vector"].mean() - values["fulltext"].mean()
+            if (abs(gap) > DISAGREE) != group:
+                continue
+            row = chosen[name]
+            print(f"| {name} | {values['vector'].mean():.3f} | {values['fulltext'].mean():.3f} | {gap:+.3f}"
+                  + (" (disagree)" if group else "") + f" | {values[shipped].mean():.3f} | "
+                  f"{values[agreeing].mean():.3f} | {row['chosen']} | {row['ndcg@10']:.3f} | "
+                  f"{row['gain_over_better_side']:+.3f} |")
+
+
+def print_grid(table: dict[str, dict[str, np.ndarray]], methods: list[str]) -> None:
+    """Per fusion of the grid: its means (shipped embedder's rows, the others), gains, losses and objective."""
+    main_rows = [n for n in table if n == base_set(n)]
+    others = [n for n in table if n not in main_rows]
+    disagree = [n for n, v in table.items() if abs(v["vector"].mean() - v["fulltext"].mean()) > DISAGREE]
+    print("\n| fusion | mean of the sets (shipped embedder) | mean of the other rows | mean gain over the better side "
+          "| worst gain | sets below the better side | mean gain where the sides disagree | objective |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for m in methods:
+        gains = [gain(v, m) for v in table.values()]
+        print(f"| {m} | {np.mean([table[n][m].mean() for n in main_rows]):.3f} | "
+              f"{np.mean([table[n][m].mean() for n in others]) if others else 0.0:.3f} | {np.mean(gains):+.4f} | "
+              f"{min(gains):+.3f} | {sum(g < 0 for g in gains)} of {len(gains)} | "
+              f"{np.mean([gain(table[n], m) for n in disagree]) if disagree else 0.0:+.4f} | {objective(gains):+.4f} |")
+
+
 def main() -> None:
     """Score the grid on every set, print the tables, write bench/results/fusion.json."""
     from flows.eval import interval
@@ -130,33 +165,9 @@ def main() -> None:
     if not table:
         sys.exit(f"no runs-*.json under {args.workdir}: run bench/fusion_runs.py or `inlet eval ... --keep-runs` first")
     methods = ["vector", "fulltext", *(label(p) for p in GRID)]
-    shipped = shipped_label()
-    old = label({"method": "zscore", "vector_weight": 0.5, "fulltext_weight": 0.5, "rrf_k": 60, "agreement": 0.0})
     loso = leave_one_out(table)
-    chosen = {row["held_out"]: row for row in loso}
-    print(f"| set | vector | full-text | vector - full-text | {old} | {shipped} (shipped) | "
-          "chosen on the other sets | its nDCG@10 | its gain over the better side |")
-    print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
-    for group in (False, True):  # the sets whose sides agree, then those that disagree
-        for name, values in table.items():
-            gap = values["vector"].mean() - values["fulltext"].mean()
-            if (abs(gap) > DISAGREE) != group:
-                continue
-            row = chosen[name]
-            print(f"| {name} | {values['vector'].mean():.3f} | {values['fulltext'].mean():.3f} | {gap:+.3f}"
-                  + (" (disagree)" if group else "") + f" | {values[old].mean():.3f} | {values[shipped].mean():.3f} | "
-                  f"{row['chosen']} | {row['ndcg@10']:.3f} | {row['gain_over_better_side']:+.3f} |")
-    main_rows = [n for n in table if n == base_set(n)]
-    print("\n| fusion | mean of the sets (shipped embedder) | mean of the other rows | mean gain over the better side | worst gain | sets below the better side |"
-          " mean gain where the sides disagree | objective |\n|---|---:|---:|---:|---:|---:|---:|---:|")
-    disagree = [n for n, v in table.items() if abs(v["vector"].mean() - v["fulltext"].mean()) > DISAGREE]
-    for m in methods[2:]:
-        gains = [gain(v, m) for v in table.values()]
-        others = [n for n in table if n not in main_rows]
-        print(f"| {m} | {np.mean([table[n][m].mean() for n in main_rows]):.3f} | "
-              f"{np.mean([table[n][m].mean() for n in others]) if others else 0.0:.3f} | {np.mean(gains):+.4f} | "
-              f"{min(gains):+.3f} | {sum(g < 0 for g in gains)} of {len(gains)} | "
-              f"{np.mean([gain(table[n], m) for n in disagree]) if disagree else 0.0:+.4f} | {objective(gains):+.4f} |")
+    print_sets(table, {row["held_out"]: row for row in loso})
+    print_grid(table, methods[2:])
     result = {"sets": list(table), "means": {n: {m: round(float(v[m].mean()), 4) for m in methods}
                                              for n, v in table.items()}, "leave_one_out": loso}
     if args.compare:
