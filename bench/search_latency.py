@@ -5,6 +5,7 @@
     .venv/bin/python bench/search_latency.py --sizes 1000000 --store /work/q1m   # build once, then re-time
     .venv/bin/python bench/search_latency.py --sizes 1000000 --embedder e5       # queries embedded by the default model
     .venv/bin/python bench/search_latency.py --sizes 5000 20000 50000 --ann-min-rows 100000  # exact search below it
+    .venv/bin/python bench/search_latency.py --sizes 1000000 --store /work/q1m --variant agreement=0.3 --variant candidates=12
 
 
 A chunks table with Inlet's schema is written with synthetic 384-d vectors (a mixture of 2,000
@@ -14,7 +15,10 @@ paragraphs (a numbered suffix keeps rows apart), then indexed the way the upsert
 table's own embedder, so the figures include Inlet's own work per query: the hashing embedder (~0.02 ms a
 query: LanceDB and Inlet alone) or, with --embedder e5, the default multilingual model (what a user of the
 shipped config waits for; the vectors stay synthetic, so only the timing means anything). Recall@10:
-the ANN answer against an exact scan for perturbed data points as queries.
+the ANN answer against an exact scan for perturbed data points as queries. Each --variant KEY=VALUE (a
+query-section setting) is timed in hybrid mode against the shipped config in the same process, their queries
+taken in turn, so that both see the same machine (separate processes differed by up to 4 ms at 1M chunks on two
+cores with nothing changed).
 """
 
 from __future__ import annotations
@@ -116,6 +120,29 @@ def latencies(config: Path, queries: list[str], mode: str) -> list[float]:
     return out
 
 
+def interleaved(configs: dict[str, Path], queries: list[str]) -> dict[str, list[float]]:
+    """Milliseconds per hybrid search() for each config, the queries dealt to the configs in turn after warming each."""
+    for config in configs.values():
+        warm(config)
+        search("a first question to warm up on", k=10, mode="hybrid", config=config)
+    names = list(configs)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for i, q in enumerate(queries):
+        name = names[i % len(names)]
+        start = time.perf_counter()
+        search(q, k=10, mode="hybrid", config=configs[name])
+        out[name].append((time.perf_counter() - start) * 1000)
+    return out
+
+
+def variant(text: str) -> tuple[str, object]:
+    """A --variant KEY=VALUE: a query-section setting, its value read as YAML (0.3 a number, true a boolean)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--variant takes KEY=VALUE (a query setting), not {text!r}")
+    return key, yaml.safe_load(value)
+
+
 def ann_recall(store: Path, n_queries: int, seed: int = 2) -> float | None:
     """Mean overlap of the ANN top 10 (at search()'s nprobes, ef and refine factor) with the exact top 10, for perturbed data points."""
     import lancedb
@@ -158,6 +185,8 @@ def main() -> None:
     parser.add_argument("--ann-min-rows", type=int, default=None,
                         help="query.ann_min_rows: the ANN index is built from this many rows (default: each size, "
                         "so that every size is timed with it; the shipped default times exact search below it)")
+    parser.add_argument("--variant", type=variant, action="append", default=[],
+                        help="KEY=VALUE of the query section: hybrid timed against the shipped config, interleaved")
     args = parser.parse_args()
     if args.store and len(args.sizes) != 1:
         parser.error("--store takes one size")
@@ -167,6 +196,7 @@ def main() -> None:
     # Each mode its own questions: search() keeps recent query vectors, and a mode must not time another's.
     picks = iter(rng.choice(len(texts), args.queries * len(modes), replace=False))
     queries = {mode: [" ".join(texts[next(picks)].split()[:8]) for _ in range(args.queries)] for mode in modes}
+    mixed = [" ".join(texts[i].split()[:8]) for i in rng.choice(len(texts), args.queries * (1 + len(args.variant)))]
     results = []
     print(f"{'chunks':>9} {'mode':>9} {'p50 ms':>8} {'p95 ms':>8} | build: write s, index s | ANN recall@10")
     for size in args.sizes:
@@ -178,10 +208,11 @@ def main() -> None:
             if not (store / "chunks.lance").exists():
                 written, indexed = build(store, size, texts, FINGERPRINTS[args.embedder], ann_min_rows)
             config = folder / "inlet.yaml"
-            config.write_text(yaml.safe_dump({"sources": [{"name": "bench", "path": str(folder)}],
-                                              "embedding": {"kind": args.embedder, "dim": DIM},
-                                              "query": {"ann_min_rows": max(256, ann_min_rows)},
-                                              "store": {"uri": str(store), "artifacts": str(folder / "runs")}}))
+            settings = {"sources": [{"name": "bench", "path": str(folder)}],
+                        "embedding": {"kind": args.embedder, "dim": DIM},
+                        "query": {"ann_min_rows": max(256, ann_min_rows)},
+                        "store": {"uri": str(store), "artifacts": str(folder / "runs")}}
+            config.write_text(yaml.safe_dump(settings))
             recall = ann_recall(store, 100)
             for mode in modes:
                 ms = latencies(config, queries[mode], mode)
@@ -190,9 +221,22 @@ def main() -> None:
                 results.append(row)
                 print(f"{size:>9} {mode:>9} {row['p50_ms']:>8.1f} {row['p95_ms']:>8.1f} | "
                       f"{written:.1f} s, {indexed:.1f} s | {'exact search' if recall is None else f'{recall:.3f}'}")
+            if args.variant:
+                configs = {"shipped": config}
+                for key, value in args.variant:
+                    configs[f"{key}={value}"] = folder / f"inlet-{key}-{value}.yaml"
+                    configs[f"{key}={value}"].write_text(yaml.safe_dump(
+                        {**settings, "query": {**settings["query"], key: value}}))
+                timed = interleaved(configs, mixed)
+                for name, ms in timed.items():
+                    row = {"chunks": size, "embedder": args.embedder, "mode": "hybrid", "variant": name,
+                           "p50_ms": pct(ms, 0.5), "p95_ms": pct(ms, 0.95), "queries": len(ms)}
+                    results.append(row)
+                    print(f"{size:>9} {'hybrid':>9} {row['p50_ms']:>8.1f} {row['p95_ms']:>8.1f} | {name}, interleaved "
+                          f"({len(ms)} queries; {row['p50_ms'] - pct(timed['shipped'], 0.5):+.1f} ms p50)")
     RESULTS.mkdir(exist_ok=True)
     name = "query" + ("" if args.embedder == "hashing" else f"-{args.embedder}") + (
-        f"-ann{args.ann_min_rows}" if args.ann_min_rows else "")
+        f"-ann{args.ann_min_rows}" if args.ann_min_rows else "") + ("-variants" if args.variant else "")
     (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=1))
 
 

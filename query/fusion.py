@@ -32,6 +32,8 @@ Key = str | int
 Ranked = Sequence[tuple[Key, float]]
 # Candidates of each side compared for their agreement: enough to be more than a handful of ids at the default
 # k of 5 (a hybrid search of k fetches k x query.candidates a side, at least this many when agreement is on).
+# Judged over 120 the overlap is steadier (at 0.3 it keeps e5's mean over every eval set, which 20 does not), but
+# fetching 120 a side costs a hybrid search 6 ms at 1M chunks, over issue 54's 2 ms (bench/README.md).
 AGREEMENT_WINDOW = 20
 
 
@@ -88,10 +90,10 @@ def agreement_share(dense: Ranked, sparse: Ranked, full_at: float, window: int =
 
 
 def fuse_sides(dense: Ranked, sparse: Ranked, *, method: str, vector_weight: float, fulltext_weight: float,
-               rrf_k: int, agreement: float = 0.0) -> dict[Key, float]:
-    """Fuse the two sides by the configured method, the vector side's weight scaled by agreement_share (off at
-    agreement 0); returns each candidate's fused score."""
-    vector_weight *= agreement_share(dense, sparse, agreement)
+               rrf_k: int, agreement: float = 0.0, window: int = AGREEMENT_WINDOW) -> dict[Key, float]:
+    """Fuse the two sides by the configured method, the vector side's weight scaled by agreement_share over their
+    first `window` candidates (off at agreement 0); returns each candidate's fused score."""
+    vector_weight *= agreement_share(dense, sparse, agreement, window)
     if method == "rrf":
         return fuse([(vector_weight, [c for c, _ in dense]), (fulltext_weight, [c for c, _ in sparse])], rrf_k)
     return zscore_fusion(dense, sparse, vector_weight, fulltext_weight)
