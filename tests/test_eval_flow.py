@@ -244,7 +244,8 @@ def test_kept_runs_score_as_the_report_did_and_feed_the_fusion_bench(beir, tmp_p
     spec = importlib.util.spec_from_file_location("fusion_bench", Path(__file__).parent.parent / "bench" / "fusion.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    table = bench.scores(bench.load_sets(tmp_path / "work"))
+    fusions = bench.grid(20)
+    table = bench.scores(bench.load_sets(tmp_path / "work"), fusions)
     assert set(table) == {"a", "b"}
-    loso = bench.leave_one_out(table)
+    loso = bench.leave_one_out(table, [bench.label(p) for p in fusions])
     assert [r["held_out"] for r in loso] == ["a", "b"] and loso[0]["fitted_on"] == ["b"]
