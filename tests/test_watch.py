@@ -448,11 +448,14 @@ def _published_events(url: str) -> list[dict]:
 
 
 def test_a_worker_killed_mid_commit_is_replaced_and_a_killed_watcher_restarted_loses_nothing_and_repays_nothing(
-        server, corpus, write_config):  # noqa: F811
+        server, markdown_corpus, write_config):  # noqa: F811
     import psutil
 
     from store.tables import connect
 
+    # Orchestration is the point, not the formats: a Markdown corpus is read in the worker's own process, so none of
+    # its three workers (the killed one, its replacement, the second watcher's) starts extraction workers.
+    corpus = markdown_corpus
     config = write_config(corpus, watch={"settle_ms": 50})
     first = Watch(server, config, INLET_FAILPOINT="chunks-committed@2")  # the worker's second commit kills it
     first.next("ready")
