@@ -73,11 +73,6 @@ def pseudo_queries(rows: list[dict], df: Counter, n_texts: int, rng: random.Rand
     return out
 
 
-def reciprocal_rank(order: list, target: object) -> float:
-    """1 / rank of target in the first 10 of order, 0 if it is not there."""
-    return 1.0 / (order.index(target) + 1) if target in order[:10] else 0.0
-
-
 def choose(pseudo_mrr: dict[float, float]) -> float:
     """The weight with the best pseudo MRR; of equals, the nearest to the shipped weight."""
     return max(pseudo_mrr, key=lambda w: (round(pseudo_mrr[w], 9), -abs(w - SHIPPED)))
@@ -91,6 +86,7 @@ def fusion_of(weight: float) -> dict:
 def calibrate_store(config: Path, variant: str | None, n_chunks: int, depth: int) -> dict:
     """Pseudo MRR@10 per kind and weight (and each side's own) over n_chunks sampled chunks; seconds taken."""
     from query.fusion import fuse_sides, ranked
+    from query.metrics import mrr_at
     from query.search import published_table, search, select_variant
     from schemas.config import load_config
 
@@ -105,13 +101,14 @@ def calibrate_store(config: Path, variant: str | None, n_chunks: int, depth: int
     for kind, pairs in queries.items():
         mrr: dict[str, list[float]] = {"vector": [], "fulltext": [], **{str(w): [] for w in WEIGHTS}}
         for target, text in pairs:
+            source = {target: 1}  # the one relevant chunk
             sides = [[(h.chunk_id, h.score) for h in search(text, k=depth, mode=mode, clearance="confidential",
                                                             config=config, variant=variant)]
                      for mode in ("vector", "fulltext")]
-            mrr["vector"].append(reciprocal_rank([c for c, _ in sides[0]], target))
-            mrr["fulltext"].append(reciprocal_rank([c for c, _ in sides[1]], target))
+            mrr["vector"].append(mrr_at([c for c, _ in sides[0]], source))
+            mrr["fulltext"].append(mrr_at([c for c, _ in sides[1]], source))
             for w in WEIGHTS:
-                mrr[str(w)].append(reciprocal_rank(ranked(fuse_sides(*sides, **fusion_of(w)), 10), target))
+                mrr[str(w)].append(mrr_at(ranked(fuse_sides(*sides, **fusion_of(w)), 10), source))
         out[kind] = {name: float(np.mean(v)) if v else 0.0 for name, v in mrr.items()}
     return {"pseudo": out, "queries": len(queries["sentence"]), "seconds": time.perf_counter() - started}
 
@@ -126,6 +123,27 @@ def real_scores(runs: dict, data: object) -> dict[str, float]:
     return out
 
 
+def print_table(results: dict[str, dict]) -> None:
+    """One Markdown row per store: its sides, the shipped fusion, the best real weight, each kind's pick and gain."""
+    print("| store | vector | full-text | shipped 0.5/0.5 | best weight (real) | "
+          + " | ".join(f"{k}: picks | its nDCG@10 - shipped" for k in KINDS) + " | s per store |")
+    print("|---|---:|---:|---:|---:|" + "---:|---:|" * len(KINDS) + "---:|")
+    for name, row in results.items():
+        real = row["real"]
+        best = max(WEIGHTS, key=lambda w: real[str(w)])
+        cells = " | ".join(f"{p} | {real[str(p)] - real[str(SHIPPED)]:+.3f}" for p in row["picks"].values())
+        print(f"| {name} | {real['vector']:.3f} | {real['fulltext']:.3f} | {real[str(SHIPPED)]:.3f} | "
+              f"{best} ({real[str(best)]:.3f}) | {cells} | {row['seconds']:.0f} |")
+
+
+def positive(value: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be 1 or more")
+    return number
+
+
 def main() -> None:
     """Calibrate every store under the workdir, print the table, write bench/results/calibration.json."""
     from bench.fusion import vector_dropped
@@ -134,7 +152,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("workdir", type=Path)
-    parser.add_argument("--chunks", type=int, default=100, help="chunks sampled per store (default 100)")
+    parser.add_argument("--chunks", type=positive, default=100, help="chunks sampled per store (default 100)")
     parser.add_argument("--sets", nargs="*", help="only these sets (their folder under the workdir)")
     args = parser.parse_args()
     results = {}
@@ -151,20 +169,12 @@ def main() -> None:
         depth = K_CHUNKS * load_config(config).query.candidates
         row = calibrate_store(config, None if variant == "default" else variant, args.chunks, depth)
         row["real"] = real_scores(runs, data)
+        row["picks"] = {k: choose({w: row["pseudo"][k][str(w)] for w in WEIGHTS}) for k in KINDS}
         results[set_name + ("" if variant == "default" else f" [{variant}]")] = row
     if not results:
-        sys.exit(f"no runs-*.json under {args.workdir}: run bench/fusion_runs.py first")
-    print("| store | vector | full-text | shipped 0.5/0.5 | best weight (real) | "
-          + " | ".join(f"{k}: picks | its nDCG@10 - shipped" for k in KINDS) + " | s per store |")
-    print("|---|---:|---:|---:|---:|" + "---:|---:|" * len(KINDS) + "---:|")
-    for name, row in results.items():
-        real = row["real"]
-        best = max(WEIGHTS, key=lambda w: real[str(w)])
-        picks = [choose({w: row["pseudo"][k][str(w)] for w in WEIGHTS}) for k in KINDS]
-        row["picks"] = dict(zip(KINDS, picks))
-        cells = " | ".join(f"{p} | {real[str(p)] - real[str(SHIPPED)]:+.3f}" for p in picks)
-        print(f"| {name} | {real['vector']:.3f} | {real['fulltext']:.3f} | {real[str(SHIPPED)]:.3f} | "
-              f"{best} ({real[str(best)]:.3f}) | {cells} | {row['seconds']:.0f} |")
+        only = f" for the sets {', '.join(args.sets)}" if args.sets else ""
+        sys.exit(f"no runs-*.json under {args.workdir}{only}: run bench/fusion_runs.py first")
+    print_table(results)
     out = ROOT / "bench" / "results" / "calibration.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1), encoding="utf-8")
