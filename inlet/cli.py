@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
-    from runtime.prefect_api import PrefectApi
+    from runtime.prefect_api import PrefectApi, TemporaryServer
     from query.search import SearchResult
     from query.service import KnowledgeBase
     from schemas.config import ApiKeys, InletConfig
@@ -33,19 +35,31 @@ VariantOpt = Annotated[str | None, typer.Option(help="A named index variant of t
 
 
 local_defaults()  # Inlet's local Prefect server port (4311) and Prefect home (.prefect) unless set otherwise
+# Registered first, so it runs last of the exit handlers: after Prefect has drained its events and logs (at thread
+# shutdown) and the temporary server has stopped. The interpreter's own collections at exit walk every object the
+# imports made (~0.6 s of a command's exit with Prefect and LanceDB loaded); frozen, they are skipped. What is left
+# is freed as always, by reference counts and explicit exit handlers (logging's flush among them, which runs later).
+atexit.register(gc.freeze)
 
 
 @contextlib.contextmanager
-def _prefect_api(*, quiet: bool = False, flows: str | None = None) -> Iterator[PrefectApi]:
+def _prefect_api(*, quiet: bool = False, flows: str | None = None, cfg: InletConfig | None = None,
+                 early: TemporaryServer | None = None) -> Iterator[PrefectApi]:
     """Flow runs in the body use the configured Prefect API, else the local server; say once if neither runs.
 
-    flows: the flow module the body runs, imported while a temporary server (if one is needed) starts.
+    flows: the flow module the body runs, imported while a temporary server (if one is needed) starts; with cfg,
+    its prepare_process(cfg) runs then too. early: a temporary server the command started before (else started here).
     """
     import importlib
 
     from runtime.prefect_api import early_server, use_prefect_api
 
-    with use_prefect_api((lambda: importlib.import_module(flows)) if flows else None, early_server()) as api:
+    def meanwhile() -> None:
+        module = importlib.import_module(flows)
+        if cfg is not None:
+            module.prepare_process(cfg)
+
+    with use_prefect_api(meanwhile if flows else None, early or early_server()) as api:
         if api.source == "temporary" and not quiet:
             typer.secho(f"note: {START_HINT.format(ui=api.ui)}", fg=typer.colors.YELLOW, err=True)
         yield api
@@ -147,12 +161,20 @@ def _ingest_here(config: Path, flow_args: dict, *, quiet: bool, as_json: bool
     """Run the ingest flow in this process: its summary, hold and UI page (None without a lasting server)."""
     if quiet:  # read when Prefect is first imported, below
         os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
+    from runtime.prefect_api import early_server
+
+    early = early_server()  # where one is needed, the temporary server boots on the other core from here on
     from schemas.config import load_config
 
     held, page = None, None
     try:
-        load_config(config)  # fail on a bad config before Prefect or the flow's libraries load
-        with _prefect_api(quiet=quiet, flows="flows.ingest") as api:
+        try:
+            cfg = load_config(config)  # fail on a bad config before Prefect or the flow's libraries load
+        except InletError:
+            if early is not None:
+                early.stop()
+            raise
+        with _prefect_api(quiet=quiet, flows="flows.ingest", cfg=cfg, early=early) as api:
             from flows.ingest import ingest as ingest_flow
             from runtime.progress import terminal_bars
 
@@ -244,8 +266,8 @@ def plan(
     from schemas.config import load_config
 
     try:
-        load_config(config)
-        with _prefect_api(quiet=as_json, flows="flows.ingest"):
+        cfg = load_config(config)
+        with _prefect_api(quiet=as_json, flows="flows.ingest", cfg=cfg):
             from flows.ingest import ingest as ingest_flow
 
             summary = ingest_flow(config_path=str(config), retry_quarantined=retry_quarantined,

@@ -65,14 +65,27 @@ def local_server_url() -> str:
 
 
 def answers(api_url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
-    """Whether a Prefect server answers its health check at api_url."""
-    import httpx
+    """Whether a Prefect server answers its health check at api_url (directly, never through a proxy).
 
-    try:
-        response = httpx.get(f"{api_url}/health", timeout=timeout_s, trust_env=False)
-    except httpx.HTTPError:
+    The standard library's client, not httpx: httpx builds an SSL context for every client (~60 ms of CPU), and
+    TemporaryServer.wait_ready asks every 50 ms, on the core the booting server would otherwise have to itself.
+    """
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(api_url)
+    if url.scheme not in ("http", "https") or not url.hostname:
         return False
-    return response.status_code == 200 and response.text.strip() == "true"
+    kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    connection = kind(url.hostname, url.port, timeout=timeout_s)
+    try:
+        connection.request("GET", f"{url.path.rstrip('/')}/health")
+        response = connection.getresponse()
+        return response.status == 200 and response.read().strip() == b"true"
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
 
 
 def choose_api() -> PrefectApi:
@@ -109,7 +122,12 @@ class TemporaryServer:
             port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}/api"
         self._log = tempfile.NamedTemporaryFile(prefix="inlet-prefect-server-", suffix=".log", delete=False)  # noqa: SIM115 - lives as long as the server
-        env = {**os.environ, "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port)}
+        env = {**os.environ, "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port),
+               # Block types are registered by the lasting server (`inlet server`, full start); a temporary one
+               # would first import every installed collection (prefect-dask brings dask: ~0.8 s of its start)
+               # only to hash them, and no Inlet flow reads a block type. Prefect's own settings, off here only.
+               "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
+               "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"}
         env.pop("PREFECT_API_URL", None)
         self._proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--no-services", "--no-ui"],
                                       env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -191,7 +209,12 @@ def use_prefect_api(meanwhile: Callable[[], object] | None = None,
     Prefect loaded) and used; meanwhile (the flow modules' imports, say) runs while it boots, and the body starts once
     it answers. An early server that is not needed is stopped.
     """
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
 
     api = choose_api()
     if early is not None and api.source != "temporary":
@@ -206,8 +229,14 @@ def use_prefect_api(meanwhile: Callable[[], object] | None = None,
     url = server.url if server else api.url
     before = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url  # worker processes (inlet watch's) read it at their own start
+    updates: dict = {PREFECT_API_URL: url}
+    if server:
+        # A temporary server runs no services (--no-services): nothing stores its heartbeat events or marks a run
+        # crashed for want of them, and a flow run ends by joining its heartbeat thread, which sleeps in whole
+        # seconds (0-1 s a run). With a lasting server, heartbeats stay on: its services read them.
+        updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
     try:
-        with temporary_settings(updates={PREFECT_API_URL: url}):
+        with temporary_settings(updates=updates):
             if meanwhile:
                 meanwhile()
             if server:

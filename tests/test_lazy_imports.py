@@ -28,3 +28,25 @@ def test_the_ingest_flow_imports_without_the_model_libraries_a_run_may_not_use()
                          timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("\n")[:3] == ["False False", "True GeminiEmbedder True", "True"]
+
+
+@pytest.mark.slow
+def test_preparing_a_run_loads_what_its_first_steps_use_and_no_more():
+    # While a temporary Prefect server boots, inlet ingest loads the keyword enricher and Prefect's flow-call imports;
+    # a config without enrichment leaves yake out, and neither loads a model client or great-expectations.
+    probe = textwrap.dedent("""
+        import sys
+        from flows.ingest import prepare_process
+        from schemas.config import load_config
+        cfg = load_config("configs/inlet.yaml")
+        off = cfg.model_copy(update={"enrichment": cfg.enrichment.model_copy(update={"enabled": False})})
+        prepare_process(off)
+        print(sorted(n for n in ("yake", "fastapi.encoders", "prefect.flow_engine") if n in sys.modules))
+        prepare_process(cfg)
+        print(cfg.enrichment.provider, "yake" in sys.modules)
+        print("google.genai" in sys.modules, "great_expectations" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=False,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:3] == ["['fastapi.encoders', 'prefect.flow_engine']", "local True", "False False"]

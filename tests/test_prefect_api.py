@@ -83,3 +83,24 @@ def test_an_early_server_is_stopped_unused_when_the_settings_name_an_api(prefect
     with use_prefect_api(early=early) as api:
         assert api.source == "settings" and api.url == str(PREFECT_API_URL.value())
         assert not answers(early.url), "the early server was stopped, not left running beside the configured API"
+
+
+def test_under_a_temporary_server_runs_send_no_heartbeats_and_the_server_registers_no_block_types(monkeypatch, tmp_path):
+    """Its server runs no services, so heartbeats would go unread; block types are the lasting server's to register."""
+    import httpx
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from runtime.prefect_api import use_prefect_api
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))  # the server's own database, new: nothing registered
+    # As a command with no API configured, and heartbeats on (the session's own test server has them off).
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}, restore_defaults={PREFECT_API_URL}):
+        with use_prefect_api() as api:
+            assert api.source == "temporary"
+            assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None
+            url = str(PREFECT_API_URL.value())
+            response = httpx.post(f"{url}/block_types/filter", json={}, trust_env=False, timeout=30)
+        assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == 30
+    assert response.status_code == 200 and response.json() == []
+    assert not (tmp_path / "home" / "memo_store.toml").exists(), "no collection was loaded to hash the block types"
+
