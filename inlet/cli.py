@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import gc
 import json
 import os
 import sys
@@ -35,11 +33,6 @@ VariantOpt = Annotated[str | None, typer.Option(help="A named index variant of t
 
 
 local_defaults()  # Inlet's local Prefect server port (4311) and Prefect home (.prefect) unless set otherwise
-# Registered first, so it runs last of the exit handlers: after Prefect has drained its events and logs (at thread
-# shutdown) and the temporary server has stopped. The interpreter's own collections at exit walk every object the
-# imports made (~0.6 s of a command's exit with Prefect and LanceDB loaded); frozen, they are skipped. What is left
-# is freed as always, by reference counts and explicit exit handlers (logging's flush among them, which runs later).
-atexit.register(gc.freeze)
 
 
 @contextlib.contextmanager
@@ -156,14 +149,14 @@ def _warm_ingest_answer(answer: dict) -> tuple[dict, PublishHeldError | None, st
     return answer["summary"], held, page
 
 
-def _ingest_here(config: Path, flow_args: dict, *, quiet: bool, as_json: bool
+def _ingest_here(config: Path, flow_args: dict, *, quiet: bool, as_json: bool, early: TemporaryServer | None
                  ) -> tuple[dict, PublishHeldError | None, str | None]:
-    """Run the ingest flow in this process: its summary, hold and UI page (None without a lasting server)."""
+    """Run the ingest flow in this process: its summary, hold and UI page (None without a lasting server).
+
+    early: the temporary server the command started before, if it did (ingest's first step).
+    """
     if quiet:  # read when Prefect is first imported, below
         os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
-    from runtime.prefect_api import early_server
-
-    early = early_server()  # where one is needed, the temporary server boots on the other core from here on
     from schemas.config import load_config
 
     held, page = None, None
@@ -207,14 +200,19 @@ def ingest(
 
     With `inlet server` running, its warm process runs it (the same flow run; runtime/warm.py says when it declines).
     """
+    from runtime.prefect_api import early_server
+
+    # First thing: where no server answers (so no warm process either), a temporary one boots from here on, on the
+    # other core, while this command loads; where one answers, this is a refused or accepted connection, no more.
+    early = early_server()
     flow_args = {"config_path": str(config.resolve()), "retry_quarantined": retry_quarantined,
                  "allow_deletions": allow_deletions, "max_cost_usd": max_cost_usd, "allow_cost": allow_cost}
-    answer = _hand_over("ingest", {**flow_args, "quiet": quiet, "bars": not (quiet or as_json)}, quiet=quiet,
-                        bars=not (quiet or as_json))
+    answer = None if early else _hand_over("ingest", {**flow_args, "quiet": quiet, "bars": not (quiet or as_json)},
+                                           quiet=quiet, bars=not (quiet or as_json))
     if answer is not None:
         summary, held, page = _warm_ingest_answer(answer)
     else:
-        summary, held, page = _ingest_here(config, flow_args, quiet=quiet, as_json=as_json)
+        summary, held, page = _ingest_here(config, flow_args, quiet=quiet, as_json=as_json, early=early)
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
     elif not quiet:
