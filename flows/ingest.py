@@ -95,7 +95,10 @@ def prepare_process(cfg: InletConfig) -> None:
     import prefect.flow_engine  # noqa: F401
 
     if cfg.enrichment.enabled and cfg.enrichment.provider == "local":
-        make_enricher(cfg.enrichment)  # cached per process: detect's settings_fingerprint reuses it
+        # Cached per process: detect's settings_fingerprint reuses it. Should building it fail, detect builds it
+        # again inside the flow run, which fails there and says why, in its run record, as without this step.
+        with contextlib.suppress(Exception):
+            make_enricher(cfg.enrichment)
 
 
 @flow(name="ingest", log_prints=True)
