@@ -161,12 +161,8 @@ def _ingest_here(config: Path, flow_args: dict, *, quiet: bool, as_json: bool, e
 
     held, page = None, None
     try:
-        try:
-            cfg = load_config(config)  # fail on a bad config before Prefect or the flow's libraries load
-        except InletError:
-            if early is not None:
-                early.stop()
-            raise
+        # Fail on a bad config before Prefect or the flow's libraries load (an early server stops at exit, unused).
+        cfg = load_config(config)
         with _prefect_api(quiet=quiet, flows="flows.ingest", cfg=cfg, early=early) as api:
             from flows.ingest import ingest as ingest_flow
             from runtime.progress import terminal_bars

@@ -103,4 +103,3 @@ def test_under_a_temporary_server_runs_send_no_heartbeats_and_the_server_registe
         assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == 30
     assert response.status_code == 200 and response.json() == []
     assert not (tmp_path / "home" / "memo_store.toml").exists(), "no collection was loaded to hash the block types"
-
