@@ -4,6 +4,8 @@
     .venv/bin/python bench/fusion.py W                  # every runs-<variant>.json under W
     .venv/bin/python bench/fusion.py W --compare W2     # also: vector search of W2's embedder beside W's
     .venv/bin/python bench/fusion.py W --window 120     # agreement judged over 120 candidates a side, not 20
+    .venv/bin/python bench/fusion_runs.py W2 --embedders static,hashing && .venv/bin/python bench/fusion.py W2
+                                                        # the weak embedders' rows, each fitted on its own
 
 For each set and each kept variant (the shipped e5 embedder, "default"; the static embedder, "[static]",
 a weak vector side beside the same full-text index), nDCG@10 (documents of the first 30 chunks, as `inlet
@@ -13,8 +15,9 @@ for language (its default ranking is full-text's on most queries: the static emb
 non-English sets) is left out: fusing its kept vector side would score what search never does. Then,
 holding each set out in turn (all its variants), the grid point with the best objective on the other
 sets (mean gain over the better side, losses counted twice) among those that keep the mean of the other
-sets' e5 rows at least at the fusion shipped before issue 54, and its score on the held-out set. Sets
-whose sides differ by more than 0.05 nDCG@10 are listed apart. Writes bench/results/fusion.json.
+sets' e5 rows at least at the fusion shipped before issue 54, and its score on the held-out set; and
+the same per embedder (each embedder's rows fitted on its own rows of the other sets: the prior a store's
+embedder can carry). Sets whose sides differ by more than 0.05 nDCG@10 are listed apart. Writes bench/results/fusion.json.
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ from query.fusion import AGREEMENT_WINDOW  # noqa: E402
 def grid(window: int) -> list[dict]:
     """The fusions scored: z-score and RRF at several weights, fixed or following the sides' agreement over their
     first `window` candidates (search's own window by default; wider ones cost a search more candidates a side)."""
-    return ([{"method": "zscore", "vector_weight": w, "fulltext_weight": round(1 - w, 2), "rrf_k": 60, "agreement": a,
-              "window": window} for a in (0.0, 0.2, 0.3, 0.4, 0.5) for w in (0.3, 0.4, 0.5, 0.6, 0.7)]
+    return ([{"method": "zscore", "vector_weight": w, "fulltext_weight": round(1 - w, 2), "rrf_k": 60, "agreement": 0.0,
+              "window": window} for w in (0.0, 0.05, 0.1, 0.2)]  # a weak embedder's prior (leave_one_out_by_embedder)
+            + [{"method": "zscore", "vector_weight": w, "fulltext_weight": round(1 - w, 2), "rrf_k": 60, "agreement": a,
+                "window": window} for a in (0.0, 0.2, 0.3, 0.4, 0.5) for w in (0.3, 0.4, 0.5, 0.6, 0.7)]
             + [{"method": "rrf", "vector_weight": w, "fulltext_weight": round(1 - w, 2), "rrf_k": k, "agreement": a,
                 "window": window} for a in (0.0, 0.3) for w in (0.3, 0.5, 0.7) for k in (10, 60)])
 
@@ -61,7 +66,7 @@ def shipped_label() -> str:
     """The grid label of the shipped config's fusion."""
     from schemas.config import QueryConfig
 
-    q = QueryConfig()
+    q = QueryConfig().for_embedder("e5")
     return label({"method": q.fusion, "vector_weight": q.vector_weight, "fulltext_weight": q.fulltext_weight,
                   "rrf_k": q.rrf_k, "agreement": q.agreement, "window": AGREEMENT_WINDOW})
 
@@ -69,8 +74,13 @@ def shipped_label() -> str:
 def vector_dropped(runs: dict) -> bool:
     """Did search leave out the vector side (a language the embedder does not read) on most queries?
 
-    Its default then holds full-text's chunks (in an order ties may change): on 87-99% of the queries of
-    the static embedder's non-English sets, on under 1% of any set it reads."""
+    As the runs record it (the searches' notices: the query's language, or the full-text candidates', unread); in
+    runs saved before they did, when the default holds
+    full-text's chunks (in an order ties may change): on 87-99% of the queries of the static embedder's
+    non-English sets, on under 1% of any set it reads, at the fusion weights of their time (0.5 / 0.5)."""
+    read = [r.vector_read for r in runs.values()]
+    if None not in read:
+        return read.count(False) >= 0.5 * len(read)
     same = [set(r.default) == {c for c, _ in r.fulltext[:len(r.default)]} for r in runs.values()]
     return sum(same) >= 0.5 * len(same)
 
@@ -141,6 +151,32 @@ def leave_one_out(table: dict[str, dict[str, np.ndarray]], methods: list[str]) -
     return out
 
 
+def embedder_of(name: str) -> str:
+    """The embedder a row's vector side came from: its variant's name, "" for the shipped one."""
+    return name[len(base_set(name)):].strip(" []")
+
+
+def leave_one_out_by_embedder(table: dict[str, dict[str, np.ndarray]], methods: list[str]) -> list[dict]:
+    """As leave_one_out, but each embedder's rows fitted apart: a fusion per embedder (a prior a store's config
+    can carry), chosen for a held-out set on the same embedder's rows of the other sets only."""
+    out = []
+    for kind in dict.fromkeys(embedder_of(n) for n in table):
+        rows = {n: v for n, v in table.items() if embedder_of(n) == kind}
+        out += [{**row, "embedder": kind or "shipped"} for row in leave_one_out(rows, methods)]
+    return out
+
+
+def print_by_embedder(table: dict[str, dict[str, np.ndarray]], loso: list[dict]) -> None:
+    """Per row: the fusion fitted on its embedder's other rows, and its gain over the better side."""
+    print("\n| row | embedder | vector - full-text | chosen on the same embedder's other sets | its nDCG@10 | "
+          "its gain over the better side |\n|---|---|---:|---|---:|---:|")
+    for row in loso:
+        values = table[row["held_out"]]
+        gap = values["vector"].mean() - values["fulltext"].mean()
+        print(f"| {row['held_out']} | {row['embedder']} | {gap:+.3f} | {row['chosen']} | {row['ndcg@10']:.3f} | "
+              f"{row['gain_over_better_side']:+.3f} |")
+
+
 def print_sets(table: dict[str, dict[str, np.ndarray]], chosen: dict[str, dict]) -> None:
     """Per row: the sides, the shipped fusion, it with agreement 0.3, and the leave-one-set-out choice."""
     shipped = shipped_label()
@@ -196,8 +232,11 @@ def main() -> None:
     loso = leave_one_out(table, methods[2:])
     print_sets(table, {row["held_out"]: row for row in loso})
     print_grid(table, methods[2:])
+    by_embedder = leave_one_out_by_embedder(table, methods[2:])
+    print_by_embedder(table, by_embedder)
     result = {"sets": list(table), "means": {n: {m: round(float(v[m].mean()), 4) for m in methods}
-                                             for n, v in table.items()}, "leave_one_out": loso}
+                                             for n, v in table.items()}, "leave_one_out": loso,
+              "leave_one_out_by_embedder": by_embedder}
     if args.compare:
         other = scores(load_sets(args.compare), [])
         print("\n| set | vector, this embedder (95% interval) | vector, the other (95% interval) |\n|---|---:|---:|")

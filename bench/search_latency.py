@@ -49,6 +49,9 @@ DIM = 384
 CORPUS = ROOT.parent / "shared" / "corpora" / "markdown"
 RESULTS = ROOT / "bench" / "results"
 FINGERPRINTS = {"hashing": f"hashing-v1:dim={DIM}", "e5": E5_FINGERPRINT}
+# The shipped embedder's fusion, set outright: hybrid over the hashing embedder alone is full-text's (schemas/config.py
+# EMBEDDER_FUSION), and the hashing stand-in is here to time both sides as an e5 store's hybrid search runs them.
+E5_FUSION = {"vector_weight": 0.5, "fulltext_weight": 0.5, "agreement": 0.0}
 
 
 def paragraphs(limit: int = 20_000) -> list[str]:
@@ -210,7 +213,7 @@ def main() -> None:
             config = folder / "inlet.yaml"
             settings = {"sources": [{"name": "bench", "path": str(folder)}],
                         "embedding": {"kind": args.embedder, "dim": DIM},
-                        "query": {"ann_min_rows": max(256, ann_min_rows)},
+                        "query": {"ann_min_rows": max(256, ann_min_rows), **E5_FUSION},
                         "store": {"uri": str(store), "artifacts": str(folder / "runs")}}
             config.write_text(yaml.safe_dump(settings))
             recall = ann_recall(store, 100)

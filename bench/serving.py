@@ -134,7 +134,9 @@ def main() -> None:
         config = work / "inlet.yaml"
         config.write_text(f"sources:\n  - {{name: docs, path: '{corpus}'}}\nembedding: {embedding}\n"
                           f"store: {{uri: '{work / 'lancedb'}', artifacts: '{work / 'runs'}'}}\n"
-                          "serving: {rate_limit: null}\n",  # searches back to back: latency, not the limiter
+                          "serving: {rate_limit: null}\n"  # searches back to back: latency, not the limiter
+                          # hybrid as over e5 (both sides), whatever the embedder: over hashing alone it is full-text's
+                          "query: {vector_weight: 0.5, fulltext_weight: 0.5, agreement: 0.0}\n",
                           encoding="utf-8")
         env = {**os.environ, "PREFECT_HOME": str(work / "prefect")}
         subprocess.run([sys.executable, "-m", "inlet.cli", "ingest", "--quiet", "--config", str(config)], cwd=ROOT,
@@ -467,6 +469,8 @@ def load_main(args: argparse.Namespace) -> None:
         spec = yaml.safe_load(config.read_text(encoding="utf-8"))
         # Every other serving setting as shipped (600/minute a key), unless --concurrency says otherwise.
         spec["serving"] = {"api_keys": "keys.yaml", **({"concurrency": args.concurrency} if args.concurrency else {})}
+        # Hybrid as over e5 (both sides), whatever the embedder: over the hashing embedder alone it is full-text's.
+        spec["query"] = {**spec.get("query", {}), "vector_weight": 0.5, "fulltext_weight": 0.5, "agreement": 0.0}
         config.write_text(yaml.safe_dump(spec), encoding="utf-8")
         queries = _queries(config.parent / "corpus", 400)
         watcher = Watcher(config, env, work / "watch.log")

@@ -20,7 +20,7 @@ from flows.datasets import Dataset, load_questions_csv
 from flows.ingest import DEFAULT_CONFIG, ingest
 from query.fusion import fuse_sides, ranked
 from query.metrics import match_gold, mrr_at, ndcg_at, recall_at
-from query.search import search
+from query.search import UNREAD_LANGUAGE, VECTOR_SIDE_FOR_LANGUAGE, search
 from schemas.config import QueryConfig, load_config
 from schemas.errors import ConfigError
 
@@ -144,12 +144,15 @@ def sample_queries(dataset: Dataset, max_queries: int | None, seed: int = 0) -> 
 
 @dataclass
 class QueryRun:
-    """One query's answers: each side's candidates with scores, the default mode's chunks, and their documents."""
+    """One query's answers: each side's candidates with scores, the default mode's chunks, their documents, and
+    whether search read its vector side whole, as far as languages go: the embedder reads the query's language and
+    the full-text candidates' (None: not recorded, in runs saved before it was)."""
 
     vector: list[tuple[str, float]]
     fulltext: list[tuple[str, float]]
     default: list[str]
     doc_of: dict[str, str]
+    vector_read: bool | None = None
 
 
 @task(name="run queries", cache_policy=NO_CACHE)
@@ -168,7 +171,9 @@ def run_queries(config_path: str, dataset: Dataset, query_ids: list[str], k_chun
         dense, sparse, default = ask(k=depth, mode="vector"), ask(k=depth, mode="fulltext"), ask(k=k_chunks)
         out[qid] = QueryRun([(h.chunk_id, h.score) for h in dense], [(h.chunk_id, h.score) for h in sparse],
                             [h.chunk_id for h in default],
-                            {h.chunk_id: _gold_id(h.doc_id, dataset) for h in [*dense, *sparse, *default]})
+                            {h.chunk_id: _gold_id(h.doc_id, dataset) for h in [*dense, *sparse, *default]},
+                            not any(UNREAD_LANGUAGE in n for n in dense.notices)
+                            and not any(VECTOR_SIDE_FOR_LANGUAGE in n for n in default.notices))
     return out
 
 
@@ -244,8 +249,8 @@ def default_check(values: dict[str, dict[str, np.ndarray]]) -> dict:
 def save_runs(runs: dict[str, QueryRun], data: Dataset, path: Path) -> None:
     """Write one set's answers and judgements as JSON: {"qrels": ..., "runs": {qid: QueryRun fields}}."""
     payload = {"set": data.name, "questions_csv": not data.documents, "qrels": {q: data.qrels.get(q, {}) for q in runs},
-               "runs": {q: {"vector": r.vector, "fulltext": r.fulltext, "default": r.default, "doc_of": r.doc_of}
-                        for q, r in runs.items()}}
+               "runs": {q: {"vector": r.vector, "fulltext": r.fulltext, "default": r.default, "doc_of": r.doc_of,
+                            "vector_read": r.vector_read} for q, r in runs.items()}}
     path.write_text(json.dumps(payload), encoding="utf-8")
 
 
@@ -253,7 +258,7 @@ def load_runs(path: Path) -> tuple[dict[str, QueryRun], Dataset]:
     """Read what save_runs wrote back into runs and a dataset holding their judgements."""
     payload = json.loads(path.read_text(encoding="utf-8"))
     runs = {q: QueryRun([tuple(x) for x in r["vector"]], [tuple(x) for x in r["fulltext"]], r["default"],
-                        r["doc_of"]) for q, r in payload["runs"].items()}
+                        r["doc_of"], r.get("vector_read")) for q, r in payload["runs"].items()}
     # A BEIR set's corpus is not needed again (the runs hold its own doc ids), but its being non-empty is what
     # tells per_query not to match gold paths as it does for a questions CSV.
     corpus = [] if payload["questions_csv"] else [{"_id": "", "title": "", "text": ""}]
@@ -339,9 +344,11 @@ def evaluate(dataset: str, config_path: str = str(DEFAULT_CONFIG), workdir: str 
         data = load_dataset(path)
         work = root / set_name if len(sets) > 1 or workdir is None else root
         cfg_path = build_store(base, data, work, variants)
-        qcfg = load_config(cfg_path).query
+        cfg = load_config(cfg_path)
         query_ids = sample_queries(data, max_queries)
         for variant in variants:
+            kind = (cfg if variant == "default" else cfg.variant(variant)).embedding.kind
+            qcfg = cfg.query.for_embedder(kind)  # the sweep fuses as search does over this variant's index
             runs = run_queries(str(cfg_path), data, query_ids, k_chunks, None if variant == "default" else variant)
             if keep_runs:
                 save_runs(runs, data, work / f"runs-{variant}.json")

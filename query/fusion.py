@@ -19,8 +19,9 @@ model reading text unlike what it was trained on) returns lists that share littl
 standardising makes its best guess look as sure as BM25's best match; below the configured overlap, the
 vector side keeps that fraction of its weight (at half of it, half its weight). Where both sides are good
 they share a third or more of their lists (0.34-0.45 on the e5 runs of every set of ../shared/corpora/eval;
-the static embedder's runs 0.09-0.24), so their fusion is mostly left as it was. Off by default: it lifts
-the static embedder's rows but costs e5's sets 0.003 mean nDCG@10 (schemas/config.py AGREEMENT_DEFAULT).
+the static embedder's runs 0.09-0.24), so their fusion is mostly left as it was. Off for every embedder: it
+lifts the static embedder's rows at 0.5 / 0.5 but costs e5's sets 0.003 mean nDCG@10, and over the static and
+hashing embedders hybrid is full-text alone (their weights, schemas/config.py EMBEDDER_FUSION).
 """
 
 from __future__ import annotations

@@ -312,6 +312,12 @@ def query_language(text: str) -> str | None:
     return best.lang.split("-")[0] if best.prob >= 0.9 else None
 
 
+# In the notice of a search whose embedder does not read the query's language, and in every notice of a hybrid
+# search that skipped or down-weighted its vector side for language (flows/eval.py looks for them).
+UNREAD_LANGUAGE = "not the query's language"
+VECTOR_SIDE_FOR_LANGUAGE = "the vector side was"
+
+
 def vector_share(languages: frozenset[str] | None, query_lang: str | None,
                  doc_langs: list[str | None]) -> tuple[float, str | None]:
     """How much of its weight the vector side keeps, given what the embedder covers; and why, when less than all.
@@ -322,8 +328,8 @@ def vector_share(languages: frozenset[str] | None, query_lang: str | None,
     if languages is None:
         return 1.0, None
     if query_lang is not None and query_lang not in languages:
-        return 0.0, (f"the embedder reads {', '.join(sorted(languages))}, not the query's language ({query_lang}): "
-                     "the vector side was skipped")
+        return 0.0, (f"the embedder reads {', '.join(sorted(languages))}, {UNREAD_LANGUAGE} ({query_lang}): "
+                     f"{VECTOR_SIDE_FOR_LANGUAGE} skipped")
     known = [lang for lang in doc_langs if lang]
     if not known:
         return 1.0, None
@@ -331,7 +337,7 @@ def vector_share(languages: frozenset[str] | None, query_lang: str | None,
     if share == 1.0:
         return 1.0, None
     return share, (f"{1 - share:.0%} of the full-text candidates are in languages the embedder does not read "
-                   f"({', '.join(sorted(set(known) - languages))}): the vector side was weighted {share:.2f}")
+                   f"({', '.join(sorted(set(known) - languages))}): {VECTOR_SIDE_FOR_LANGUAGE} weighted {share:.2f}")
 
 
 _SIDES = ThreadPoolExecutor(max_workers=4, thread_name_prefix="inlet-hybrid")
@@ -347,7 +353,7 @@ def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: i
         hits = [_result(r, 1.0 - float(r["_distance"])) for r in _vector_rows(table, embed(), clause, n, qcfg)]
         lang = query_language(text) if languages is not None else None
         uncovered = lang is not None and lang not in languages
-        return hits, ([f"the embedder reads {', '.join(sorted(languages))}, not the query's language ({lang}): "
+        return hits, ([f"the embedder reads {', '.join(sorted(languages))}, {UNREAD_LANGUAGE} ({lang}): "
                        "try mode fulltext or hybrid"] if uncovered else [])
     if mode == "fulltext":
         return [_result(r, float(r["_score"])) for r in _fulltext_rows(table, text, clause, n)], []
@@ -491,7 +497,8 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
     """
     cfg = select_variant(config if isinstance(config, InletConfig) else _load_config(Path(config)), variant)
     use_secret_block(cfg.api_key_block)
-    mode = mode or cfg.query.mode
+    qcfg = cfg.query.for_embedder(cfg.embedding.kind)  # the fusion weights of the index's embedder, unless set
+    mode = mode or qcfg.mode
     if mode not in ("vector", "fulltext", "hybrid"):
         msg = f"mode '{mode}' is not one of vector, fulltext, hybrid"
         raise QueryError(msg)
@@ -502,7 +509,7 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
 
     def run(table: lancedb.table.Table, version: int) -> SearchResults:
         # Everything that depends on the table version is decided here, against the version read.
-        fulltext = mode == "fulltext" or (mode == "hybrid" and cfg.query.fulltext_weight > 0)
+        fulltext = mode == "fulltext" or (mode == "hybrid" and qcfg.fulltext_weight > 0)
         if fulltext and not _has_fulltext_index(table, store, version):
             msg = (f"table '{table.name}' (version {version}) has no full-text index: run `inlet ingest` with "
                    "query.fulltext_index on, or search in vector mode")
@@ -520,9 +527,9 @@ def search(text: str, k: int = 5, where: dict[str, object] | str | None = None, 
         half_life = cfg.query.freshness_half_life_days
         # With freshness on, more candidates are ranked, so that a recent document just below the k best can rise.
         keep = k * cfg.query.candidates if half_life else None
-        hits, notices = _ranked(table, text, mode, clause, k, cfg.query, embed, languages, keep)
+        hits, notices = _ranked(table, text, mode, clause, k, qcfg, embed, languages, keep)
         if not hits and filters and fallback:
-            hits, more = _ranked(table, text, mode, guard, k, cfg.query, embed, languages, keep)
+            hits, more = _ranked(table, text, mode, guard, k, qcfg, embed, languages, keep)
             notices += [f"nothing matched the filters ({filters}); these results ignore them", *more]
         if half_life:
             hits = by_freshness(hits, modified_times(cfg), half_life, datetime.now(UTC).timestamp(), k)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -352,9 +353,25 @@ FTS_LANGUAGES: dict[str, str] = {"ar": "Arabic", "da": "Danish", "nl": "Dutch", 
                  "nb": "Norwegian", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "es": "Spanish",
                  "sv": "Swedish", "ta": "Tamil", "tr": "Turkish"}
 
-# Off by default: over the 18 sets of ../shared/corpora/eval with e5 it lowered the mean nDCG@10 (0.875 -> 0.872 at
-# 0.3) while it lifted the static embedder's rows (0.605 -> 0.650); bench/fusion.py on bench/fusion_runs.py's runs.
-AGREEMENT_DEFAULT = 0.0
+@dataclasses.dataclass(frozen=True)
+class FusionPrior:
+    """How hybrid search fuses over an index of one embedder kind, where the config leaves it unset."""
+
+    vector_weight: float
+    fulltext_weight: float
+    agreement: float
+
+
+# By the index's embedder kind. e5 0.5 / 0.5 with fixed weights: chosen by leave-one-set-out over the 15 sets of
+# ../shared/corpora/eval in all 15 folds, and again over its 18 (bench/README.md, "Retrieval across data sets"; with
+# agreement on, e5's mean fell: 0.875 -> 0.872 at 0.3). MiniLM and Gemini: as e5 (they read as well where they read at
+# all; MiniLM's vector side is skipped for languages it does not read). The static and hashing embedders: full-text
+# alone (vector weight 0, so a hybrid search embeds no query), chosen by leave-one-set-out over each one's own rows
+# (6 static, 18 hashing) in every fold: no weight from 0.05 to 0.7, fixed or following the sides' agreement, gained
+# more than +0.007 on any row, and 0.5 lost up to 0.147 (bench/fusion.py, "per embedder").
+EMBEDDER_FUSION: dict[str, FusionPrior] = {
+    "e5": FusionPrior(0.5, 0.5, 0.0), "minilm": FusionPrior(0.5, 0.5, 0.0), "gemini": FusionPrior(0.5, 0.5, 0.0),
+    "static": FusionPrior(0.0, 1.0, 0.0), "hashing": FusionPrior(0.0, 1.0, 0.0)}
 
 
 class QueryConfig(_Strict):
@@ -366,15 +383,17 @@ class QueryConfig(_Strict):
     fusion: Literal["zscore", "rrf"] = Field(
         "zscore", description="How hybrid mode fuses its sides: zscore (standardised scores, weighted: a side "
         "that cannot tell its candidates apart barely counts) or rrf (reciprocal rank fusion). query/fusion.py.")
-    # 0.5 / 0.5: chosen by leave-one-set-out over the 15 sets of ../shared/corpora/eval with the e5 embedder, in
-    # all 15 folds (bench/README.md, "Retrieval across data sets"); only the ratio matters.
-    vector_weight: float = Field(0.5, ge=0, description="Weight of the vector ranking in hybrid fusion.")
-    fulltext_weight: float = Field(0.5, ge=0, description="Weight of the full-text (BM25) ranking in hybrid fusion.")
+    # Unset, the weights and the agreement are the index's embedder's (EMBEDDER_FUSION); only the weights' ratio matters.
+    vector_weight: float | None = Field(None, ge=0, description="Weight of the vector ranking in hybrid fusion; "
+                                        "unset: the embedder's own (0.5 for e5, MiniLM and Gemini, 0 for static and hashing; docs/querying.md).")
+    fulltext_weight: float | None = Field(None, ge=0, description="Weight of the full-text (BM25) ranking in hybrid "
+                                          "fusion; unset: the embedder's own (0.5 for e5, MiniLM and Gemini, 1 for static and hashing).")
     rrf_k: int = Field(60, ge=1, description="Reciprocal rank fusion constant: score = weight / (rrf_k + rank).")
-    agreement: float = Field(
-        AGREEMENT_DEFAULT, ge=0, le=1, description="Hybrid fusion: the share of their first 20 candidates the two "
+    agreement: float | None = Field(
+        None, ge=0, le=1, description="Hybrid fusion: the share of their first 20 candidates the two "
         "sides must have in common for the vector side to keep all its weight; below it, it keeps that fraction "
-        "(a weak embedder's list shares little with BM25's). 0: fixed weights. query/fusion.py.")
+        "(a weak embedder's list shares little with BM25's). 0: fixed weights; unset: the embedder's own (0 for "
+        "e5, MiniLM and Gemini). query/fusion.py.")
     candidates: int = Field(4, ge=1, le=100, description="Each side of a hybrid search fetches candidates x k rows.")
     fulltext_index: bool = Field(True, description="Create and keep current a full-text index on chunk text.")
     fulltext_language: str = Field(
@@ -398,6 +417,17 @@ class QueryConfig(_Strict):
                     "bench/search_latency.py, 0.86 at the library default.")
     refine_factor: int = Field(2, ge=1, description="Re-rank refine_factor x k ANN candidates by their full vectors "
                                "(1: no re-ranking): the index's 8-bit vectors alone cap recall@10 near 0.95 at 1M.")
+
+    def fusion_for(self, embedder: str) -> FusionPrior:
+        """The fusion over an index of this embedder kind: each of its settings as this section sets it, else the
+        kind's (EMBEDDER_FUSION)."""
+        prior = EMBEDDER_FUSION[embedder]
+        return FusionPrior(**{f.name: getattr(prior, f.name) if getattr(self, f.name) is None else getattr(self, f.name)
+                              for f in dataclasses.fields(FusionPrior)})
+
+    def for_embedder(self, embedder: str) -> QueryConfig:
+        """This section with its fusion decided for an index of this embedder kind."""
+        return self.model_copy(update=dataclasses.asdict(self.fusion_for(embedder)))
 
     @field_validator("fulltext_language")
     @classmethod

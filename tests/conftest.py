@@ -98,6 +98,9 @@ def config_writer(folder: Path) -> Callable[..., Path]:
             "sources": [{"name": "sample", "path": str(source),
                          "metadata": {"doc_type": "club-docs", "tags": ["sailing"], "subject": "sailing"}}],
             "embedding": {"kind": "hashing", "dim": 64},
+            # The hashing embedder stands in for e5, so its fusion is e5's: over hashing alone a hybrid search would
+            # be full-text's (schemas/config.py EMBEDDER_FUSION), and the tests' hybrid searches must run both sides.
+            "query": {"vector_weight": 0.5, "fulltext_weight": 0.5},
             "store": {"uri": str(folder / store / "lancedb"), "artifacts": str(folder / store / "runs")},
         }
         for key, value in sections.items():

@@ -28,3 +28,21 @@ def test_a_fusion_that_lowers_the_shipped_embedders_mean_is_not_chosen_however_i
     assert chosen.keys() == table.keys(), "every row of a held-out set is scored"
     table["a"][weak], table["b"][weak] = np.array([0.97]), np.array([0.86])  # now it keeps (raises) the e5 mean as well
     assert fusion.leave_one_out(table, [weak, ref])[-1]["chosen"] == weak
+
+
+def test_each_embedders_fusion_is_fitted_on_its_own_rows_of_the_other_sets_only():
+    ref, low = fusion.REFERENCE, "zscore 0.2/0.8"
+    table = {  # low helps every static row and costs every e5 row
+        "a": _row(0.9, 0.8, **{ref: 0.95, low: 0.85}), "b": _row(0.7, 0.8, **{ref: 0.85, low: 0.82}),
+        "a [static]": _row(0.2, 0.8, **{ref: 0.6, low: 0.8}), "b [static]": _row(0.2, 0.8, **{ref: 0.6, low: 0.79}),
+        "c": _row(0.5, 0.6, **{ref: 0.65, low: 0.6}), "c [static]": _row(0.1, 0.6, **{ref: 0.4, low: 0.6}),
+    }
+    rows = fusion.leave_one_out_by_embedder(table, [low, ref])
+    chosen = {r["held_out"]: (r["embedder"], r["chosen"]) for r in rows}
+    assert chosen == {"a": ("shipped", ref), "b": ("shipped", ref), "c": ("shipped", ref),
+                      "a [static]": ("static", low), "b [static]": ("static", low), "c [static]": ("static", low)}
+    assert {tuple(r["fitted_on"]) for r in rows if r["held_out"] == "c [static]"} == {("a", "b")}
+    table["a [static]"][low] = table["b [static]"][low] = np.array([0.55])  # now worse than ref on the other sets
+    assert fusion.leave_one_out_by_embedder(table, [low, ref])[-1] | {"fitted_on": None} == {
+        "held_out": "c [static]", "chosen": ref, "fitted_on": None, "ndcg@10": 0.4, "gain_over_better_side": -0.2,
+        "embedder": "static"}, "c's own static row (where low wins) does not decide its choice"

@@ -93,9 +93,10 @@ def test_the_default_row_is_what_query_search_returns(beir, tmp_path, write_conf
     for qid, run in runs.items():
         assert run.default == [h.chunk_id for h in search(data.queries[qid], k=30, clearance="confidential",
                                                           config=cfg_path)]
-    from schemas.config import QueryConfig
+    from schemas.config import load_config
 
-    shipped = QueryConfig()
+    cfg = load_config(cfg_path)
+    shipped = cfg.query.for_embedder(cfg.embedding.kind)  # the fusion search runs over this store
     hybrid = per_query(runs, data, "hybrid", 30, fusion={"method": shipped.fusion, "vector_weight": shipped.vector_weight,
                                                           "fulltext_weight": shipped.fulltext_weight, "rrf_k": 60,
                                                           "agreement": shipped.agreement})
@@ -238,6 +239,7 @@ def test_kept_runs_score_as_the_report_did_and_feed_the_fusion_bench(beir, tmp_p
     report = evaluate(dataset=str(sets), config_path=str(write_config(tmp_path)), workdir=str(tmp_path / "work"),
                       keep_runs=True)
     runs, data = load_runs(tmp_path / "work" / "a" / "runs-default.json")
+    assert all(r.vector_read is True for r in runs.values()), "kept: the hashing embedder reads every query"
     for mode in ("vector", "fulltext", "default"):
         assert per_query(runs, data, mode, 30)["ndcg@10"].mean() == pytest.approx(
             _rows(report, set="a")[(mode, ())]["ndcg@10"], abs=1e-4)

@@ -129,6 +129,42 @@ def test_a_vector_side_that_shares_little_with_full_text_loses_weight_in_proport
     assert fixed[:4] == ["d00", "x00", "d01", "x01"], "fixed weights: the stray list's guesses interleave"
     assert judged[:5] == ["d00", "d01", "d02", "d03", "d04"], "no shared candidate: full-text's ranking alone"
 
+def test_fusion_settings_left_unset_are_the_index_embedders_and_a_set_one_is_kept():
+    from schemas.config import EMBEDDER_FUSION, FusionPrior, QueryConfig
+
+    assert QueryConfig().fusion_for("e5") == FusionPrior(0.5, 0.5, 0.0), "the shipped embedder's, from every eval set"
+    for kind, prior in EMBEDDER_FUSION.items():
+        assert QueryConfig().fusion_for(kind) == prior
+        assert QueryConfig(vector_weight=0.9).fusion_for(kind) == FusionPrior(0.9, prior.fulltext_weight,
+                                                                              prior.agreement), "a set weight is kept"
+        assert QueryConfig(agreement=0.0).for_embedder(kind).agreement == 0.0
+    weak = EMBEDDER_FUSION["static"]
+    assert weak.vector_weight < weak.fulltext_weight, "a weak embedder's side counts less"
+
+
+def test_hybrid_search_fuses_with_its_index_embedders_weights_unless_the_config_sets_them(read_store, monkeypatch,
+                                                                                           tmp_path):
+    import yaml
+
+    from schemas.config import EMBEDDER_FUSION, FusionPrior
+
+    text = "winter engine checks and the harbour launch"
+    fulltext = [h.chunk_id for h in search(text, k=8, mode="fulltext", config=read_store)]
+    vector = [h.chunk_id for h in search(text, k=8, mode="vector", config=read_store)]
+    assert fulltext != vector, "the sides disagree, so the weights decide the fused order"
+    data = yaml.safe_load(read_store.read_text())
+    data["query"] = {k: v for k, v in data.get("query", {}).items() if k not in ("vector_weight", "fulltext_weight")}
+    (tmp_path / "unset.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setitem(EMBEDDER_FUSION, "hashing", FusionPrior(0.0, 1.0, 0.0))  # the store's embedder: hashing
+    assert [h.chunk_id for h in search(text, k=8, mode="hybrid", config=tmp_path / "unset.yaml")] == fulltext
+    monkeypatch.setitem(EMBEDDER_FUSION, "hashing", FusionPrior(1.0, 0.0, 0.0))
+    assert [h.chunk_id for h in search(text, k=8, mode="hybrid", config=tmp_path / "unset.yaml")] == vector
+    data["query"] = {**data["query"], "vector_weight": 0.0, "fulltext_weight": 0.5}
+    (tmp_path / "set.yaml").write_text(yaml.safe_dump(data))
+    assert [h.chunk_id for h in search(text, k=8, mode="hybrid", config=tmp_path / "set.yaml")] == fulltext, \
+        "the config's own weights win over the embedder's"
+
+
 def test_tied_cut_keeps_every_row_tied_with_the_last_one_kept():
     from query.search import tied_cut
 
@@ -292,7 +328,7 @@ def test_vector_share_follows_what_the_embedder_reads():
 
 def test_hybrid_skips_the_vector_side_for_a_language_the_embedder_does_not_read(tmp_path, corpus, write_config):
     from providers.embedders import HashingEmbedder
-    from query.search import query_language
+    from query.search import UNREAD_LANGUAGE, VECTOR_SIDE_FOR_LANGUAGE, query_language
 
     arabic = tmp_path / "arabic"
     arabic.mkdir()
@@ -307,7 +343,9 @@ def test_hybrid_skips_the_vector_side_for_a_language_the_embedder_does_not_read(
     query = "جداول المد والجزر في الميناء"
     assert query_language(query) == "ar"
     hybrid = search(query, k=3, mode="hybrid", embedder=english_only, config=config)
-    assert "vector side was skipped" in hybrid.notices[0]
+    assert f"{VECTOR_SIDE_FOR_LANGUAGE} skipped" in hybrid.notices[0] and UNREAD_LANGUAGE in hybrid.notices[0]
+    assert UNREAD_LANGUAGE in search(query, k=3, mode="vector", embedder=english_only, config=config).notices[0], \
+        "what flows/eval.py records as a query whose language the embedder does not read"
     fulltext = search(query, k=3, mode="fulltext", config=config)
     assert [h.chunk_id for h in hybrid] == [h.chunk_id for h in fulltext]
     assert hybrid[0].doc_id == "arabic:tides.md"
