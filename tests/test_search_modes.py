@@ -129,9 +129,14 @@ def test_a_vector_side_that_shares_little_with_full_text_loses_weight_in_proport
     assert fixed[:4] == ["d00", "x00", "d01", "x01"], "fixed weights: the stray list's guesses interleave"
     assert judged[:5] == ["d00", "d01", "d02", "d03", "d04"], "no shared candidate: full-text's ranking alone"
 
-def test_fusion_settings_left_unset_are_the_index_embedders_and_a_set_one_is_kept():
-    from schemas.config import EMBEDDER_FUSION, FusionPrior, QueryConfig
 
+def test_fusion_settings_left_unset_are_the_index_embedders_and_a_set_one_is_kept():
+    import typing
+
+    from schemas.config import EMBEDDER_FUSION, EmbeddingConfig, FusionPrior, QueryConfig
+
+    assert set(EMBEDDER_FUSION) == set(typing.get_args(EmbeddingConfig.model_fields["kind"].annotation)), \
+        "every embedder kind a config may name has its fusion"
     assert QueryConfig().fusion_for("e5") == FusionPrior(0.5, 0.5, 0.0), "the shipped embedder's, from every eval set"
     for kind, prior in EMBEDDER_FUSION.items():
         assert QueryConfig().fusion_for(kind) == prior
