@@ -225,9 +225,11 @@ def index_run(cfg: InletConfig, run: RunStart, plans: list[IndexPlan], detected:
                       batches=len(batches), fulltext_index=plan.cfg.query.fulltext_index, known=d.known,
                       keeps=plan.name is None)
                for plan, d in zip(plans, detected)]
+    if batches and cfg.execution.task_runner == "thread":
+        # They load unstructured while GX and the models load. Asked before the CPU pool, so that the forkserver
+        # both pools fork from loads the partitioners once (runtime/cpu.py worker_context), not each worker.
+        start_extraction_workers(cfg, detected[0])
     with cpu_pool_for(cfg.execution, sum(sizes)):  # its workers start while GX is imported
-        if batches and cfg.execution.task_runner == "thread":
-            start_extraction_workers(cfg, detected[0])  # they load unstructured while GX and the models load
         if batches and cfg.execution.task_runner == "thread" and any(p.cfg.quality.enabled for p in plans):
             # GX's import (2-3 s, holding the interpreter) before the batches, not inside the first batch's
             # validate, where it slowed every batch beside it; reported apart, as "import gx". Said in the

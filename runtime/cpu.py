@@ -34,16 +34,24 @@ _POOL: ProcessPoolExecutor | None = None
 _WORKERS = 0
 _STARTER: threading.Thread | None = None
 _LOCK = threading.Lock()
+_PRELOAD = ["tasks.preload"]  # what this process's forkserver loads, when it starts (worker_context)
+_PRELOAD_LOCK = threading.Lock()
 
 
-def worker_context() -> multiprocessing.context.BaseContext:
+def worker_context(preload: Sequence[str] = ()) -> multiprocessing.context.BaseContext:
     """The forkserver every worker process of a run is forked from (this pool's and the extraction pool's).
 
     Forking the run's own process is not safe: Prefect's threads may hold locks at the moment of the
     fork. The server is a fresh interpreter that loads tasks.preload once; the workers fork from it.
+    preload: more modules for it to load, asked by the pool whose workers need them. A process has one
+    forkserver: it starts with every module asked for until then (the list only grows, so the order in
+    which the pools are made does not matter); a pool made after it started gets the server as it is, and
+    its workers load what it lacks themselves, as their initializer says.
     """
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["tasks.preload"])
+    with _PRELOAD_LOCK:
+        _PRELOAD.extend(name for name in preload if name not in _PRELOAD)
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(_PRELOAD))
     return ctx
 
 

@@ -24,14 +24,18 @@ class ExtractionPool:
     A document past its time limit has its worker killed (quarantined as timeout); a worker that
     dies (a parser crash, the OOM killer) costs only its document (corrupt). The run goes on.
     work(doc_id, path, cfg, member, detect, storage_options, in_worker) returns a result or the
-    ExtractionError that quarantines the document; initializer runs once in each new worker.
+    ExtractionError that quarantines the document; initializer runs once in each new worker. preload: modules
+    that do the initializer's work in the forkserver, when this pool is the one that starts it, so that a
+    worker (and each one that replaces a worker killed at a time limit or by a crash) starts with it done.
     """
 
-    def __init__(self, cfg: ExtractionConfig, work: Callable[..., Any], initializer: Callable[[], Any]) -> None:
+    def __init__(self, cfg: ExtractionConfig, work: Callable[..., Any], initializer: Callable[[], Any],
+                 preload: tuple[str, ...] = ()) -> None:
         import pebble
 
         self._cfg, self._work = cfg, work
-        self._pool = pebble.ProcessPool(max_workers=cfg.workers, context=worker_context(), initializer=initializer)
+        self._pool = pebble.ProcessPool(max_workers=cfg.workers, context=worker_context(preload),
+                                        initializer=initializer)
 
     def submit(self, doc_id: str, path: str, detect: bool = False, storage_options: dict | None = None) -> object:
         """Schedule one document; its time limit starts when a worker picks it up."""
@@ -82,7 +86,8 @@ _POOLS: dict[ExtractionConfig, ExtractionPool] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def shared_pool(cfg: ExtractionConfig, work: Callable[..., Any], initializer: Callable[[], Any]) -> ExtractionPool:
+def shared_pool(cfg: ExtractionConfig, work: Callable[..., Any], initializer: Callable[[], Any],
+                preload: tuple[str, ...] = ()) -> ExtractionPool:
     """Return this process's extraction pool for cfg, started on first use and kept for later runs.
 
     Batches running in threads of one process share it, and so do later runs in the same process
@@ -94,7 +99,7 @@ def shared_pool(cfg: ExtractionConfig, work: Callable[..., Any], initializer: Ca
     with _POOLS_LOCK:
         stale = [_POOLS.pop(kept) for kept in list(_POOLS) if kept != cfg]
         if cfg not in _POOLS:
-            _POOLS[cfg] = ExtractionPool(cfg, work, initializer)
+            _POOLS[cfg] = ExtractionPool(cfg, work, initializer, preload)
         pool = _POOLS[cfg]
     for old in stale:
         old.close()

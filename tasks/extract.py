@@ -463,6 +463,7 @@ _PARTITIONERS = ["unstructured.partition.pdf", "unstructured.partition.docx", "u
                  "unstructured.partition.xml", "unstructured.partition.text"]
 
 SPACY_MODEL = "en_core_web_sm"
+PRELOAD = ("tasks.preload_extraction",)  # runs partitioners_ready in the forkserver, when this pool starts it
 
 
 class SpacyModelMissingError(ImportError):
@@ -492,10 +493,13 @@ def partitioners_ready() -> Exception | None:
     """Import unstructured's partitioners and load its spaCy model, once per process; return what failed, if anything.
 
     An extraction worker runs it before any document (its initializer), keeping seconds of imports out of the
-    first document's time limit; the forkserver itself stays light so that the CPU pool's workers (Markdown,
-    chunking) start at once. A failure is returned, not raised: raised, it would kill every worker at birth and
-    every document would read "workers expired"; returned, each document of the worker gets it and the run's
-    systemic-failure breaker names the real cause.
+    first document's time limit. When the extraction pool is the first to start a worker, the forkserver runs it
+    (tasks/preload_extraction.py) and every worker forked after inherits the result: a worker that replaces one
+    killed at a document's time limit or by a parser crash starts in milliseconds instead of ~5 s of CPU. When
+    the CPU pool started the forkserver first, it stays light (its Markdown and chunking workers start at once)
+    and each extraction worker runs this itself. A failure is returned, not raised: raised, it would kill every
+    worker at birth and every document would read "workers expired"; returned, each document of the worker gets
+    it and the run's systemic-failure breaker names the real cause.
     """
     import importlib
 
@@ -599,7 +603,7 @@ def extract_all(documents: pa.Table, cfg: ExtractionConfig, kept: dict[str, dict
     fresh = [d for d in todo if d["doc_id"] not in kept]
     # A daemonic process cannot have children: it extracts everything itself (the stage says so).
     pooled = [d for d in fresh if d["size"] <= limit and not _in_process(d)] if can_start_workers() else []
-    pool = shared_pool(cfg, extract_isolated, partitioners_ready) if pooled else None
+    pool = shared_pool(cfg, extract_isolated, partitioners_ready, PRELOAD) if pooled else None
     # Detection only where neither the source nor (later) the document says which language it is in.
     futures = {d["doc_id"]: pool.submit(d["doc_id"], d["path"], d["language"] is None, storage.get(d["source"]))
                for d in pooled}
@@ -670,7 +674,7 @@ def start_workers(cfg: ExtractionConfig, wait: bool = False) -> bool:
     """
     if not can_start_workers():
         return False
-    shared_pool(cfg, extract_isolated, partitioners_ready).warm(wait)
+    shared_pool(cfg, extract_isolated, partitioners_ready, PRELOAD).warm(wait)
     return True
 
 

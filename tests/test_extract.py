@@ -272,3 +272,27 @@ def test_only_documents_a_worker_must_read_are_counted_for_starting_the_workers_
                                        "content_hash": f"h-{d}"} for d, p, c, n in rows], schema=DOCUMENTS_SCHEMA)
     # Markdown is read in the run's process, an unchanged file not at all, one over max_file_mb is quarantined unread.
     assert worker_documents(documents, ExtractionConfig(max_file_mb=1)) == [{"doc_id": "b", "content_hash": "h-b"}]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("first", "inherited"), [("extraction", True), ("then-cpu-pool", True),
+                                                  ("cpu-pool-started", False)])
+def test_a_worker_replacing_one_killed_at_its_time_limit_starts_with_the_partitioners_the_forkserver_loaded(
+        first, inherited):
+    """The forkserver loads the partitioners once when the extraction pool asks before it starts: no worker, first or
+    replacement, imports them, whichever pool was made first. One already started light (a CPU pool's worker ran)
+    is used as it is: each extraction worker then loads them itself.
+    """
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = subprocess.run([sys.executable, "-m", "tests.extraction_probe", first], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first_worker, stalled, after = (json.loads(line) for line in out.stdout.splitlines())
+    assert stalled == {"stalled": "timeout"} and after["pid"] != first_worker["pid"], "the stalled worker was replaced"
+    assert first_worker["loaded"] and after["loaded"]
+    assert first_worker["inherited"] is after["inherited"] is inherited
