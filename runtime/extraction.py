@@ -25,7 +25,7 @@ class ExtractionPool:
     dies (a parser crash, the OOM killer) costs only its document (corrupt). The run goes on.
     work(doc_id, path, cfg, member, detect, storage_options, in_worker) returns a result or the
     ExtractionError that quarantines the document; initializer runs once in each new worker. preload: modules
-    that do the initializer's work in the forkserver, when this pool is the one that starts it, so that a
+    that do the initializer's work in the forkserver, when this pool is made before the forkserver starts, so that a
     worker (and each one that replaces a worker killed at a time limit or by a crash) starts with it done.
     """
 

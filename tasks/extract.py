@@ -463,7 +463,7 @@ _PARTITIONERS = ["unstructured.partition.pdf", "unstructured.partition.docx", "u
                  "unstructured.partition.xml", "unstructured.partition.text"]
 
 SPACY_MODEL = "en_core_web_sm"
-PRELOAD = ("tasks.preload_extraction",)  # runs partitioners_ready in the forkserver, when this pool starts it
+PRELOAD = ("tasks.preload_extraction",)  # partitioners_ready in the forkserver, when asked before it starts
 
 
 class SpacyModelMissingError(ImportError):
@@ -493,10 +493,10 @@ def partitioners_ready() -> Exception | None:
     """Import unstructured's partitioners and load its spaCy model, once per process; return what failed, if anything.
 
     An extraction worker runs it before any document (its initializer), keeping seconds of imports out of the
-    first document's time limit. When the extraction pool is the first to start a worker, the forkserver runs it
-    (tasks/preload_extraction.py) and every worker forked after inherits the result: a worker that replaces one
+    first document's time limit. When the extraction pool is asked for before the forkserver starts, the forkserver
+    runs it (tasks/preload_extraction.py) and every worker forked after inherits the result: a worker that replaces one
     killed at a document's time limit or by a parser crash starts in milliseconds instead of ~5 s of CPU. When
-    the CPU pool started the forkserver first, it stays light (its Markdown and chunking workers start at once)
+    a CPU pool's worker started the forkserver first, it stays light (its Markdown and chunking workers start at once)
     and each extraction worker runs this itself. A failure is returned, not raised: raised, it would kill every
     worker at birth and every document would read "workers expired"; returned, each document of the worker gets
     it and the run's systemic-failure breaker names the real cause.

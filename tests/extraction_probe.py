@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import time
-
 from concurrent.futures import ProcessPoolExecutor
 
 from runtime.cpu import worker_context
