@@ -130,6 +130,7 @@ def chunk_rows_schema(dim: int) -> pa.Schema:
         pa.field("title", pa.string()),
         pa.field("uri", pa.string(), nullable=False),
         *_METADATA_FIELDS,
+        # The run that wrote the row: a later run that finds it unchanged leaves it as it is (store/commit.py).
         pa.field("run_id", pa.string(), nullable=False),
     ])
 

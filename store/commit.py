@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import lancedb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from lancedb.index import FTS, Bitmap, BTree, HnswSq
@@ -213,20 +214,30 @@ def _check_vectors(table: lancedb.table.Table, dim: int) -> None:
         raise EmbedderMismatchError(msg)
 
 
-def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | pa.RecordBatchReader, scope: list[str],
-                  dim: int, result: LoadResult, num_rows: int | None = None, new_ids: list[str] | None = None, *,
+def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | Callable[[], Iterable[pa.Table]],
+                  scope: list[str], dim: int, result: LoadResult, keys: pa.Table | None = None, *,
                   run_id: str) -> int:
-    """Append rows (all written by run_id), then delete the scoped documents' older chunks; count into result.
+    """Append the rows that differ from what the store holds, then delete the scoped documents' other chunks.
 
-    rows may be a reader (num_rows and new_ids, the rows' chunk ids, given): LanceDB then takes the
-    batches as they come, without a concatenated copy of the whole group in memory.
+    rows: chunk rows, or a callable that yields them part by part, anew on each call (keys, their chunk_id and
+    embed_key columns, given): LanceDB then takes the parts as they come, without a concatenated copy of the
+    whole group in memory. A row equal in every column but run_id to the one stored under its chunk id stays as
+    it is, with the run id of the run that wrote it: an edit rewrites the chunks it changed (and their
+    neighbours' links), not every chunk of its document, so few rows wait for the indexes afterwards.
     """
-    num_rows = rows.num_rows if num_rows is None else num_rows
+    if isinstance(rows, pa.Table):
+        keys, table_rows = rows.select(["chunk_id", "embed_key"]), rows
+        parts: Callable[[], Iterable[pa.Table]] = lambda: [table_rows]  # noqa: E731
+    elif keys is None:
+        msg = "commit_chunks: parts given without their keys"
+        raise TypeError(msg)
+    else:
+        parts = rows
     table = open_table(db, name)
     if table is None:
-        table = db.create_table(name, rows if num_rows else chunk_rows_schema(dim).empty_table(),
-                                schema=chunk_rows_schema(dim))
-        result.chunks_added = result.chunks_written = num_rows
+        first = _rows_reader(parts(), dim) if keys.num_rows else chunk_rows_schema(dim).empty_table()
+        table = db.create_table(name, first, schema=chunk_rows_schema(dim))
+        result.chunks_added = result.chunks_written = keys.num_rows
         return table.version
     _check_vectors(table, dim)
     ensure_columns(table, chunk_rows_schema(dim))
@@ -234,26 +245,83 @@ def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | pa.Recor
         return table.version
     # What the scoped documents hold now, also those without a documents row: a run killed between its
     # chunk and documents commits leaves such chunks.
-    stored = select_where_in(table, "doc_id", scope, ["doc_id", "chunk_id"], chunk_rows_schema(dim))
-    new_ids = set(rows["chunk_id"].to_pylist() if new_ids is None else new_ids)
+    schema = chunk_rows_schema(dim)
+    stored = select_where_in(table, "doc_id", scope, ["doc_id", "chunk_id", "embed_key"], schema)
+    same = unchanged_chunks(table, parts, keys, stored, schema)
+    new_ids = set(keys["chunk_id"].to_pylist())
     old_ids = stored["chunk_id"].to_pylist()
     # A chunk id names a doc id and a text: one kept across the edit is a chunk whose vector came from the cache.
     result.chunks_reused = len(new_ids.intersection(old_ids))
-    result.chunks_added = num_rows - result.chunks_reused
-    result.chunks_written = num_rows
+    result.chunks_added = keys.num_rows - result.chunks_reused
+    result.chunks_written = keys.num_rows - len(same)
     result.chunks_removed = sum(1 for i in old_ids if i not in new_ids)
-    if num_rows:
-        table.add(rows)
+    if result.chunks_written:
+        table.add(_rows_reader(parts(), dim, skip=same))
     failpoint("chunks-written")
-    if stored.num_rows:
+    if len(old_ids) > len(same):
         # An append and a delete, not a merge on chunk_id: a merge joins the rows against the whole table (a
         # 1% run's commit 29 ms against 9 ms here, on the bench's 11k rows; bench/README.md). Every row this run
-        # wrote carries its run id, so the older rows are the rest. A crash between the two leaves both
-        # beside each other; the documents rows still carry the old hashes, so the next run does these
-        # documents again (their vectors now stored) and deletes the older rows then.
-        where = f"doc_id IN ({sql_list(sorted(set(stored['doc_id'].to_pylist())))})"
-        table.delete(f"{where} AND run_id != {sql_list([run_id])}")
+        # wrote carries its run id, and the rows it left as they were are named, so the older rows are the rest.
+        # A crash between the two leaves both beside each other; the documents rows still carry the old hashes,
+        # so the next run does these documents again (their vectors now stored) and deletes the older rows then.
+        where = f"doc_id IN ({sql_list(sorted(set(stored['doc_id'].to_pylist())))}) AND run_id != {sql_list([run_id])}"
+        table.delete(where + (f" AND chunk_id NOT IN ({sql_list(sorted(same))})" if same else ""))
     return table.version
+
+
+def unchanged_chunks(table: lancedb.table.Table, parts: Callable[[], Iterable[pa.Table]], keys: pa.Table,
+                     stored: pa.Table, schema: pa.Schema) -> set[str]:
+    """The chunk ids whose new row equals the stored one in every column but run_id (nothing read when none can).
+
+    Only ids held once on each side with the same embed_key are compared: a chunk a killed run left twice is
+    written again (and its copies deleted), and a change of embedder or enrichment compares nothing.
+    """
+    candidates = sorted(_single_matches(keys, stored))
+    if not candidates:
+        return set()
+    wanted = pa.array(candidates, pa.string())
+    columns = [n for n in schema.names if n != "run_id"]
+    old = select_where_in(table, "chunk_id", candidates, columns, schema)
+    same: set[str] = set()
+    for part in parts():
+        mine = part.filter(pc.is_in(part["chunk_id"], value_set=wanted))
+        if mine.num_rows:
+            same.update(identical_rows(mine.select(columns), old).to_pylist())
+    return same
+
+
+def _single_matches(keys: pa.Table, stored: pa.Table) -> set[str]:
+    """Chunk ids present once in keys and once in stored, with the same embed_key on both sides."""
+    def once(t: pa.Table) -> dict[str, str | None]:
+        counts = pc.value_counts(t["chunk_id"]).to_pylist() if t.num_rows else []
+        single = {c["values"] for c in counts if c["counts"] == 1}
+        return {i: k for i, k in zip(t["chunk_id"].to_pylist(), t["embed_key"].to_pylist()) if i in single}
+    new, old = once(keys), once(stored)
+    return {i for i, k in new.items() if k is not None and old.get(i) == k}
+
+
+def identical_rows(new: pa.Table, old: pa.Table) -> pa.Array:
+    """The chunk ids of new's rows that have a row in old (chunk ids unique there) equal in each of new's columns."""
+    where = pc.index_in(new["chunk_id"], value_set=old["chunk_id"].combine_chunks())
+    found = pc.is_valid(where)
+    new, old = new.filter(found), old.take(where.filter(found))
+    equal = np.ones(new.num_rows, dtype=bool)
+    for name in new.schema.names:
+        equal &= _equal_values(new[name].combine_chunks(), old[name].combine_chunks().cast(new.schema.field(name).type))
+    return new["chunk_id"].combine_chunks().filter(pa.array(equal))
+
+
+def _equal_values(a: pa.Array, b: pa.Array) -> np.ndarray:
+    """Element-wise equality of two arrays of one type, a null equal to a null."""
+    if pa.types.is_fixed_size_list(a.type) and not a.null_count and not b.null_count:
+        width = a.type.list_size
+        left = a.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+        right = b.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+        return (left == right).all(axis=1)
+    if pa.types.is_nested(a.type):  # lists of strings (headings, tags): few rows, compared as Python values
+        return np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)], dtype=bool)
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    return pc.fill_null(pc.or_(pc.equal(a, b), both_null), both_null).to_numpy(zero_copy_only=False).astype(bool)
 
 
 def upsert_keyed(db: lancedb.DBConnection, name: str, key: str, rows: pa.Table, schema: pa.Schema,
@@ -486,15 +554,17 @@ def _ids(table: pa.Table, mask: pa.ChunkedArray) -> list[str]:
     return table.filter(mask)["doc_id"].to_pylist()
 
 
-def _chunk_reader(parts: Iterable[pa.Table], documents: pa.Table, extracted: pa.Table, run_id: str,
-                  dim: int) -> pa.RecordBatchReader:
-    """Stream chunk rows batch by batch: each embedded part joined with its documents' fields as it is read."""
+def _rows_reader(parts: Iterable[pa.Table], dim: int, skip: set[str] | None = None) -> pa.RecordBatchReader:
+    """Stream chunk rows part by part, without the chunk ids in skip."""
     schema = chunk_rows_schema(dim)
+    dropped = pa.array(sorted(skip or ()), pa.string())
 
     def batches() -> Iterator[pa.RecordBatch]:
         for part in parts:
+            if len(dropped):
+                part = part.filter(pc.invert(pc.is_in(part["chunk_id"], value_set=dropped)))
             if part.num_rows:
-                yield from chunk_rows(part, documents, extracted, run_id, dim).to_batches()
+                yield from conform(part, schema).to_batches()
 
     return pa.RecordBatchReader.from_batches(schema, batches())
 
@@ -533,10 +603,12 @@ def commit_group(db: lancedb.DBConnection, target: CommitTarget, documents: pa.T
     if parts is None:  # embedded holds every column
         chunks_version = commit_chunks(db, target.chunks_table, chunk_rows(embedded, documents, extracted, run_id, dim),
                                        scope, dim, result, run_id=run_id)
-    else:  # embedded holds chunk and doc ids and enrichment keys only; the rows come from parts, streamed
-        chunks_version = commit_chunks(db, target.chunks_table, _chunk_reader(parts(), documents, extracted, run_id, dim),
-                                       scope, dim, result, num_rows=embedded.num_rows,
-                                       new_ids=embedded["chunk_id"].to_pylist(), run_id=run_id)
+    else:  # embedded holds the keys only; the rows come from parts, streamed, each joined with its documents' fields
+        def rows() -> Iterator[pa.Table]:
+            return (chunk_rows(part, documents, extracted, run_id, dim) for part in parts() if part.num_rows)
+
+        chunks_version = commit_chunks(db, target.chunks_table, rows, scope, dim, result,
+                                       keys=embedded.select(["chunk_id", "embed_key"]), run_id=run_id)
     failpoint("chunks-committed")
     # Quarantine rows before the documents rows: those are what tells the next run that this group's documents
     # are done. Committed after them, a kill in between left the list behind for good: a fixed document still

@@ -28,7 +28,7 @@ from store.commit import (
 from store.model_cache import tidy_cache
 from store.tables import connect, open_table
 
-_KEY_COLUMNS = ["chunk_id", "doc_id", "enricher", "enrich_key"]  # what the commits need of a group's embedded chunks
+_KEY_COLUMNS = ["chunk_id", "doc_id", "enricher", "enrich_key", "embed_key"]  # what the commits need of a group's embedded chunks
 
 
 @task(name="upsert", cache_policy=NO_CACHE)

@@ -151,6 +151,49 @@ def test_a_chunk_commit_replaces_the_documents_chunks_and_clears_what_a_killed_r
     assert result.chunks_removed == 2, "b and z lost; a kept (its older copies replaced)"
 
 
+def _with(rows: pa.Table, chunk_id: str, **values: object) -> pa.Table:
+    """rows with the named columns of one chunk's row set to values."""
+    out = [r | values if r["chunk_id"] == chunk_id else r for r in rows.to_pylist()]
+    return pa.Table.from_pylist(out, schema=rows.schema)
+
+
+def test_an_edit_writes_only_the_chunk_rows_it_changed_and_the_others_keep_the_run_that_wrote_them(tmp_path):
+    """Regression: a commit rewrote every chunk of an edited document, so the bench's 1% run (a paragraph appended to
+    14 files) wrote 114 rows for 40 changed ones, and each such run had to fold them into the indexes (~0.13 s)."""
+    from store.commit import LoadResult, commit_chunks
+
+    db = lancedb.connect(str(tmp_path / "db"))
+    db.create_table("chunks", _chunk_rows([("d1", "a"), ("d1", "b"), ("d1", "c"), ("d2", "x")], "run-1"))
+    before = db.open_table("chunks").version
+    # d1 edited: a as it was, b now links to a new last chunk n, c gone.
+    edited = _with(_chunk_rows([("d1", "a"), ("d1", "b"), ("d1", "n")], "run-2"), "b", next_chunk_id="n")
+    result = LoadResult()
+    commit_chunks(db, "chunks", edited, ["d1"], 2, result, run_id="run-2")
+    rows = db.open_table("chunks").to_arrow()
+    got = sorted(zip(rows["chunk_id"].to_pylist(), rows["run_id"].to_pylist(), rows["next_chunk_id"].to_pylist()))
+    assert got == [("a", "run-1", None), ("b", "run-2", "n"), ("n", "run-2", None), ("x", "run-1", None)]
+    assert (result.chunks_added, result.chunks_reused, result.chunks_written, result.chunks_removed) == (1, 2, 2, 1)
+    assert db.open_table("chunks").version == before + 2, "one append and one delete"
+
+    again = LoadResult()
+    commit_chunks(db, "chunks", _with(edited, "a", run_id="run-3"), ["d1"], 2, again, run_id="run-3")
+    assert (again.chunks_written, again.chunks_removed) == (0, 0)
+    assert db.open_table("chunks").version == before + 2, "nothing differs: no version"
+
+
+def test_a_row_differing_in_any_column_but_the_run_id_is_not_identical():
+    from schemas.arrow import chunk_rows_schema
+    from store.commit import identical_rows
+
+    old = _with(_chunk_rows([("d1", "a"), ("d1", "b"), ("d1", "c"), ("d1", "d")], "run-1"), "d",
+                heading_path=["Intro", "Setup"])
+    new = _with(_with(_with(old, "b", vector=[0.5, 0.25]), "c", heading_path=["Intro"]), "d", run_id="run-2")
+    new = pa.concat_tables([new, _chunk_rows([("d1", "z")], "run-2")])
+    columns = [n for n in chunk_rows_schema(2).names if n != "run_id"]
+    assert identical_rows(new.select(columns), old.select(columns)).to_pylist() == ["a", "d"], \
+        "a vector or a list that differs makes a row new; a null equals a null; an id not stored is not identical"
+
+
 def test_a_keyed_upsert_deletes_only_ids_the_table_holds_and_commits_nothing_for_none(tmp_path):
     from store.commit import upsert_keyed
     from store.tables import connect, open_table
