@@ -237,6 +237,7 @@ RUN_COUNTS = (
     "docs_access_raised",  # indexed at a higher access level than their source's, by their own declaration
     # Of the new and changed documents: read from their bytes, or re-chunked from kept elements (tasks/kept.py).
     "docs_extracted", "docs_from_kept",
+    # Reused: chunk ids kept across an edit; written: rows appended (a row found unchanged is not written again).
     "chunks_added", "chunks_removed", "chunks_reused", "chunks_written",
     "texts_enriched", "texts_enrich_failed", "texts_embedded", "texts_truncated",
     "texts_enrich_cached", "texts_embed_cached",  # distinct texts the model cache served instead of the model
