@@ -264,8 +264,14 @@ def commit_chunks(db: lancedb.DBConnection, name: str, rows: pa.Table | Callable
         # wrote carries its run id, and the rows it left as they were are named, so the older rows are the rest.
         # A crash between the two leaves both beside each other; the documents rows still carry the old hashes,
         # so the next run does these documents again (their vectors now stored) and deletes the older rows then.
-        where = f"doc_id IN ({sql_list(sorted(set(stored['doc_id'].to_pylist())))}) AND run_id != {sql_list([run_id])}"
-        table.delete(where + (f" AND chunk_id NOT IN ({sql_list(sorted(same))})" if same else ""))
+        # The shorter list names them: the older rows by id, or the documents less the rows left as they were.
+        mine = f"run_id != {sql_list([run_id])}"
+        older = sorted(set(old_ids) - same)
+        if same and len(older) <= len(same):
+            table.delete(f"chunk_id IN ({sql_list(older)}) AND {mine}")
+        else:
+            where = f"doc_id IN ({sql_list(sorted(set(stored['doc_id'].to_pylist())))}) AND {mine}"
+            table.delete(where + (f" AND chunk_id NOT IN ({sql_list(sorted(same))})" if same else ""))
     return table.version
 
 

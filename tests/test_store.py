@@ -181,6 +181,21 @@ def test_an_edit_writes_only_the_chunk_rows_it_changed_and_the_others_keep_the_r
     assert db.open_table("chunks").version == before + 2, "nothing differs: no version"
 
 
+def test_a_commit_keeping_most_chunks_deletes_the_others_by_id_with_every_copy_a_killed_run_left(tmp_path):
+    from store.commit import LoadResult, commit_chunks
+
+    db = lancedb.connect(str(tmp_path / "db"))
+    db.create_table("chunks", _chunk_rows([("d1", "a"), ("d1", "b"), ("d1", "c"), ("d1", "d")], "run-1"))
+    db.open_table("chunks").add(_chunk_rows([("d1", "d")], "run-2"))  # run-2 killed before its delete
+    result = LoadResult()
+    commit_chunks(db, "chunks", _chunk_rows([("d1", "a"), ("d1", "b"), ("d1", "c"), ("d1", "e")], "run-3"), ["d1"], 2,
+                  result, run_id="run-3")
+    rows = db.open_table("chunks").to_arrow()
+    assert sorted(zip(rows["chunk_id"].to_pylist(), rows["run_id"].to_pylist())) == [
+        ("a", "run-1"), ("b", "run-1"), ("c", "run-1"), ("e", "run-3")]
+    assert (result.chunks_written, result.chunks_removed) == (1, 2)
+
+
 def test_a_row_differing_in_any_column_but_the_run_id_is_not_identical():
     from schemas.arrow import chunk_rows_schema
     from store.commit import identical_rows
