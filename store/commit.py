@@ -280,18 +280,19 @@ def unchanged_chunks(table: lancedb.table.Table, parts: Callable[[], Iterable[pa
     """The chunk ids whose new row equals the stored one in every column but run_id (nothing read when none can).
 
     Only ids held once on each side with the same embed_key are compared: a chunk a killed run left twice is
-    written again (and its copies deleted), and a change of embedder or enrichment compares nothing.
+    written again (and its copies deleted), and a change of embedder or enrichment compares nothing. The stored
+    rows are read part by part, so a group's whole rows (vectors and texts) are never in memory at once.
     """
     candidates = sorted(_single_matches(keys, stored))
     if not candidates:
         return set()
     wanted = pa.array(candidates, pa.string())
     columns = [n for n in schema.names if n != "run_id"]
-    old = select_where_in(table, "chunk_id", candidates, columns, schema)
     same: set[str] = set()
     for part in parts():
         mine = part.filter(pc.is_in(part["chunk_id"], value_set=wanted))
         if mine.num_rows:
+            old = select_where_in(table, "chunk_id", mine["chunk_id"].to_pylist(), columns, schema)
             same.update(identical_rows(mine.select(columns), old).to_pylist())
     return same
 
