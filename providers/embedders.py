@@ -158,8 +158,7 @@ class E5Embedder:
     def __init__(self, task: str = "passage") -> None:
         from providers.e5_onnx import converted_folder, load_runtime
 
-        # Questions run the int8 graph: one short question in half the time; passages keep the 4-bit one.
-        self._runtime = load_runtime(converted_folder(matmul="int8" if task == "query" else "q4"))
+        self._runtime = load_runtime(converted_folder())
         self._prefix = E5_PREFIXES[task]
         self.fingerprint = E5_FINGERPRINT + (E5_QUERY if task == "query" else "")
         # One call at a time: each already uses every core, and two at once would only contend for them.

