@@ -15,6 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from providers.embedders import embedder_spec
 from runtime.artifacts import batch_dir, join, read_artifact, use_storage_options
 from runtime.clock import Stopwatch
+from runtime.cpu import cpu_rank
 from runtime.extraction import close_pools
 from runtime.failpoints import failpoint
 from runtime.isolate import unexpected_errors
@@ -142,7 +143,8 @@ def batch_stage(number: int, run_dir: str, extraction: ExtractionConfig, plans: 
     clock = Stopwatch()
     began = time.time()  # wall clock, comparable across worker processes: the run's batch span
     # On disk before the batch reports done: its writer (maybe in another process) reads them next.
-    with quiet_stages():
+    # The CPU pool serves the earliest batch's parts first (runtime/cpu.py): it reaches the model soonest.
+    with quiet_stages(), cpu_rank(number):
         here = batch_dir(run_dir, number)
         documents = [join(batch_dir(p.run_dir, number), "documents.parquet") for p in plans]
         todo = documents[0] if len(plans) == 1 else extraction_todo_stage(documents, here)

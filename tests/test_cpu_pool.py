@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
 
-from runtime.cpu import close_cpu_pool, cpu_pool, map_parts, split_by_size, start_cpu_pool
+from runtime.cpu import close_cpu_pool, cpu_pool, cpu_rank, map_parts, split_by_size, start_cpu_pool
 
 
 def _where(part: list[int]) -> tuple[list[int], int]:
@@ -63,3 +64,28 @@ def test_a_worker_that_dies_costs_its_item_only_and_the_pool_is_retired():
         "every other item of the dead worker's part came through"
     assert cpu_pool() == (None, 0), "a broken pool is not offered to later parts"
     assert map_parts(_dies_on_13, [[(1, me)], [(2, me)]]) == [[2], [4]], "later parts run in the calling thread"
+
+
+def _started(part: list[int]) -> list[float]:
+    """When a worker took the part up (wall clock, comparable across processes)."""
+    began = time.time()
+    time.sleep(0.4)
+    return [began] * len(part)
+
+
+@pytest.mark.usefixtures("pool")
+def test_the_earliest_batch_gets_the_workers_first_whatever_came_first():
+    """A later batch's parts queued first must not hold the earlier batch's parts back from the workers."""
+    starts: dict[str, list[float]] = {}
+
+    def batch(name: str, rank: int, parts: int) -> None:
+        with cpu_rank(rank):
+            starts[name] = [r[0] for r in map_parts(_started, [[n] for n in range(parts)])]
+
+    later = threading.Thread(target=batch, args=("later", 5, 6))
+    later.start()
+    time.sleep(0.1)  # its first two parts are on the two workers, four wait
+    batch("earlier", 1, 4)
+    later.join()
+    waiting = sorted(starts["later"])[2:]  # the parts that were still queued when the earlier batch came
+    assert max(starts["earlier"]) < min(waiting), "the earlier batch's parts went to the workers first"
