@@ -198,6 +198,7 @@ def cpu_rank(rank: int) -> Iterator[None]:
 
 
 def _ended(_: Future) -> None:
+    """A part left its worker (done, failed or cancelled): free its place and wake the waiting callers."""
     global _BUSY
     with _TURN:
         _BUSY -= 1
@@ -251,7 +252,7 @@ def map_parts(fn: Callable[[list[T]], R], parts: Sequence[list[T]], *, died: Cal
         for part in mine:
             heapq.heappush(_QUEUE, part)
     try:
-        _await(mine, parts, fn, results, lost, died is not None and join is not None)
+        _await(mine, results, lost, recover=died is not None and join is not None)
     finally:  # also when it raised: no part of this call stays queued for the others to hand out
         with _TURN:
             _take_back(mine)
@@ -261,8 +262,7 @@ def map_parts(fn: Callable[[list[T]], R], parts: Sequence[list[T]], *, died: Cal
     return results
 
 
-def _await(mine: list[_Part], parts: Sequence[list[T]], fn: Callable[[list[T]], R], results: list[Any],
-           lost: list[int], recover: bool) -> None:
+def _await(mine: list[_Part], results: list[Any], lost: list[int], *, recover: bool) -> None:
     """Hand out queued parts while workers are free and collect this call's results; a dead worker's part goes to lost.
 
     A part that never reached a worker is done in this thread. recover False: a dead worker's part raises instead.
@@ -283,12 +283,12 @@ def _await(mine: list[_Part], parts: Sequence[list[T]], fn: Callable[[list[T]], 
             left.discard(i)
             part = mine[i]
             if part.taken_back:
-                results[i] = fn(parts[i])
+                results[i] = part.fn(part.items)
                 continue
             try:
                 results[i] = part.future.result()
             except CancelledError:  # queued in a pool retired before a worker took it: never ran
-                results[i] = fn(parts[i])
+                results[i] = part.fn(part.items)
             except BrokenProcessPool:
                 if part.pool is not None:
                     _retire(part.pool)
