@@ -34,6 +34,7 @@ from tasks.clean import (
 )
 from tasks.metadata import (
     detect_language,
+    detect_languages,
     docx_metadata,
     front_matter_metadata,
     html_metadata,
@@ -550,9 +551,39 @@ def _died(_doc: dict) -> list[ExtractionError]:
 
 
 def _extract_inline(docs: list[dict], cfg: ExtractionConfig, storage: dict[str, dict]) -> list[Extracted | ExtractionError]:
-    """Extract documents in this process (or a CPU-pool worker): each one's result, or the error that quarantines it."""
-    return [extract_isolated(doc["doc_id"], doc["path"], cfg, doc.get("member"), doc["language"] is None,
-                             storage.get(doc["source"])) for doc in docs]
+    """Extract documents in this process (or a CPU-pool worker): each one's result, or the error that quarantines it.
+
+    Languages are detected afterwards, for the whole batch at once (detect_inline).
+    """
+    return [extract_isolated(doc["doc_id"], doc["path"], cfg, doc.get("member"), False, storage.get(doc["source"]))
+            for doc in docs]
+
+
+def detect_inline(docs: list[dict], results: dict[str, Extracted | ExtractionError]) -> None:
+    """Detect the language of every extracted document that neither its source nor its text states, in one pass.
+
+    What extract_bytes does with detect, for a batch: the language model walks all documents together
+    (providers/langid.py classify_many), several times faster than one by one. Should that raise, each document
+    is detected alone, and one that raises again is quarantined as extraction would have.
+    """
+    todo = [d["doc_id"] for d in docs if d["language"] is None and isinstance(results.get(d["doc_id"]), Extracted)
+            and "language" not in results[d["doc_id"]].metadata]
+    try:
+        languages: list[str | None | ExtractionError] = list(detect_languages([results[i].elements for i in todo]))
+    except Exception:  # noqa: BLE001 - the per-document boundary: find the one at fault
+        languages = [_detect_alone(results[i]) for i in todo]
+    for doc_id, language in zip(todo, languages, strict=True):
+        if isinstance(language, ExtractionError):
+            results[doc_id] = language
+        elif language:
+            results[doc_id].metadata["detected_language"] = language
+
+
+def _detect_alone(result: Extracted) -> str | None | ExtractionError:
+    try:
+        return detect_language(result.elements)
+    except Exception as exc:  # noqa: BLE001 - as extract_isolated returns what a document raised
+        return unexpected(exc)
 
 
 @dataclass(frozen=True)
@@ -613,6 +644,7 @@ def extract_all(documents: pa.Table, cfg: ExtractionConfig, kept: dict[str, dict
     done = map_parts(functools.partial(_extract_inline, cfg=cfg, storage=storage), parts, died=_died,
                      join=lambda results: [r for part in results for r in part])
     inline_results = {d["doc_id"]: r for part, results in zip(parts, done) for d, r in zip(part, results)}
+    detect_inline(inline, inline_results)
     elements: list[dict] = []
     extracted: list[dict] = []
     keep: list[tuple] = []

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET  # noqa: N817 - expat refuses entity expansio
 import zipfile
 from html.parser import HTMLParser
 
-from providers.langid import language_identifier
+from providers.langid import classify_many, language_identifier
 from schemas.config import ACCESS_LEVELS
 from schemas.errors import ExtractionError, one_line
 from tasks.access import declared_access, effective_access, field_name, stricter
@@ -147,8 +147,8 @@ def _prose(markdown: str, sample_chars: int) -> str:
     return head if len(head) >= sample_chars else _FENCED.sub(" ", markdown)
 
 
-def detect_language(rows: list[dict], sample_chars: int = 2000) -> str | None:
-    """Guess a document's language from its prose (code left out); None when unsure (below 0.9)."""
+def language_sample(rows: list[dict], sample_chars: int = 2000) -> str | None:
+    """The prose a document's language is guessed from (code and tables left out); None under 40 characters."""
     sample: list[str] = []
     size = 0
     for row in rows:
@@ -160,9 +160,25 @@ def detect_language(rows: list[dict], sample_chars: int = 2000) -> str | None:
         if size >= sample_chars:
             break
     text = " ".join(sample)[:sample_chars]
-    if len(text.strip()) < 40:
-        return None
-    language, confidence = language_identifier().classify(text)
+    return None if len(text.strip()) < 40 else text
+
+
+def detect_language(rows: list[dict], sample_chars: int = 2000) -> str | None:
+    """Guess a document's language from its prose (code left out); None when unsure (below 0.9)."""
+    return detect_languages([rows], sample_chars)[0]
+
+
+def detect_languages(documents: list[list[dict]], sample_chars: int = 2000) -> list[str | None]:
+    """detect_language for each document's rows, the language model run over all of them at once."""
+    samples = [language_sample(rows, sample_chars) for rows in documents]
+    texts = [text for text in samples if text is not None]
+    answers = iter(classify_many(language_identifier(), texts) if len(texts) > 1
+                   else [language_identifier().classify(text) for text in texts])
+    return [None if text is None else _confident(next(answers)) for text in samples]
+
+
+def _confident(answer: tuple[str, float]) -> str | None:
+    language, confidence = answer
     return language if confidence >= 0.9 else None
 
 

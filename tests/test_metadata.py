@@ -13,8 +13,9 @@ from flows.ingest import ingest
 from query import search
 from schemas.config import ExtractionConfig, load_config
 from schemas.errors import ConfigError
-from tasks.extract import extract_document
-from tasks.metadata import _prose, detect_language
+from tasks import extract
+from tasks.extract import Extracted, detect_inline, extract_document
+from tasks.metadata import _prose, detect_language, detect_languages
 
 FRACTIONS = textwrap.dedent("""\
     ---
@@ -122,6 +123,51 @@ def test_detection_reads_prose_skips_code_and_tables_and_says_none_when_unsure()
     assert detect_language([{"kind": "code", "text": code}]) is None, "no prose at all"
     unsure = "ok ok ok ok ok ok ok ok ok ok 12 34 56 78 90 ok ok ok x y z"  # py3langid: 'hu' at ~0.08
     assert detect_language([{"kind": "text", "text": unsure}]) is None, "below 0.9"
+
+
+def _rows(text: str) -> list[dict]:
+    return [{"kind": "text", "text": text}]
+
+
+def test_a_batch_detects_each_documents_language_as_detecting_it_alone_would():
+    prose = " ".join(CELLS.split("\n")[2:])
+    documents = [_rows(prose), _rows("Zelle und Membran"), _rows(FRACTIONS * 3), [], _rows("ok ok ok ok " * 6),
+                 _rows("El proceso mantiene al día la base de conocimiento: cada documento que cambia se vuelve a leer, "
+                       "se divide en fragmentos y se guarda otra vez.")]
+    assert detect_languages(documents) == [detect_language(rows) for rows in documents] == \
+        ["de", None, "en", None, None, "es"]
+
+
+def test_detect_inline_sets_only_what_neither_source_nor_document_states():
+    prose = " ".join(CELLS.split("\n")[2:])
+    results = {i: Extracted(_rows(prose), None, i) for i in ("free", "sourced", "stated")}
+    results["stated"].metadata["language"] = "fr"
+    results["failed"] = extract.ExtractionError("corrupt", "unreadable")
+    docs = [{"doc_id": "free", "language": None}, {"doc_id": "sourced", "language": "en"},
+            {"doc_id": "stated", "language": None}, {"doc_id": "failed", "language": None}]
+    detect_inline(docs, results)
+    assert results["free"].metadata == {"detected_language": "de"}
+    assert results["sourced"].metadata == {} and results["stated"].metadata == {"language": "fr"}
+    assert isinstance(results["failed"], extract.ExtractionError)
+
+
+def test_a_document_whose_detection_raises_is_quarantined_and_the_others_are_detected(monkeypatch):
+    prose = " ".join(CELLS.split("\n")[2:])
+    results = {"good": Extracted(_rows(prose), None, "a"), "bad": Extracted(_rows("poison " + prose), None, "b")}
+
+    def fails_on_poison(rows: list[dict]) -> str | None:
+        if rows[0]["text"].startswith("poison"):
+            raise RecursionError("a sample the model could not read")
+        return detect_language(rows)
+
+    def fails_as_a_batch(documents: list[list[dict]]) -> list[str | None]:
+        return [fails_on_poison(rows) for rows in documents]
+
+    monkeypatch.setattr(extract, "detect_languages", fails_as_a_batch)
+    monkeypatch.setattr(extract, "detect_language", fails_on_poison)
+    detect_inline([{"doc_id": "good", "language": None}, {"doc_id": "bad", "language": None}], results)
+    assert results["good"].metadata == {"detected_language": "de"}
+    assert isinstance(results["bad"], extract.ExtractionError) and results["bad"].error_type == "RecursionError"
 
 
 def _blanked(markdown: str) -> str:
