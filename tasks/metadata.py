@@ -172,8 +172,7 @@ def detect_languages(documents: list[list[dict]], sample_chars: int = 2000) -> l
     """detect_language for each document's rows, the language model run over all of them at once."""
     samples = [language_sample(rows, sample_chars) for rows in documents]
     texts = [text for text in samples if text is not None]
-    answers = iter(classify_many(language_identifier(), texts) if len(texts) > 1
-                   else [language_identifier().classify(text) for text in texts])
+    answers = iter(classify_many(language_identifier(), texts))
     return [None if text is None else _confident(next(answers)) for text in samples]
 
 

@@ -93,6 +93,8 @@ def test_classify_many_answers_exactly_as_classify_does_text_by_text(cache_dir):
     assert langid.classify_many(identifier, texts) == expected
     assert langid.classify_many(identifier, texts[::-1]) == expected[::-1], "answers follow the texts, not the batch"
     assert langid.classify_many(identifier, EDGES[:1]) == expected[len(SAMPLES):len(SAMPLES) + 1]
+    few = [*SAMPLES, *EDGES] * 2  # enough to be walked together even without ../shared's texts
+    assert langid.classify_many(identifier, few) == expected[:len(SAMPLES) + len(EDGES)] * 2
     assert langid.classify_many(identifier, []) == []
     # The packaged model's own identifier (its float16 table, the fallback when the cache is unusable) too.
     packaged = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
