@@ -20,6 +20,7 @@ a byte.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -134,11 +135,17 @@ def classify_many(identifier: LanguageIdentifier, texts: list[str]) -> list[tupl
     one. A text with no feature at all, fewer than _FEWEST texts, or another py3langid release, go to
     identifier.classify.
     """
-    if version("py3langid").rsplit(".", 1)[0] not in _RESTATED or len(texts) < _FEWEST:
+    if not _restated() or len(texts) < _FEWEST:
         return [identifier.classify(text) for text in texts]
     # At most _GROUP texts walk together: the walk's arrays are bytes x texts (~25 MB for 512 texts of CJK).
     return [answer for start in range(0, len(texts), _GROUP)
             for answer in _classify_group(identifier, texts[start:start + _GROUP])]
+
+
+@functools.cache
+def _restated() -> bool:
+    """Tell whether the installed py3langid is a release classify_many restates (its major.minor, read once)."""
+    return ".".join(version("py3langid").split(".")[:2]) in _RESTATED
 
 
 def _classify_group(identifier: LanguageIdentifier, texts: list[str]) -> list[tuple[str, float]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import re
 import zipfile
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from runtime.extraction import IN_PROCESS_NOTICE, can_start_workers, shared_pool
 from runtime.progress import stage_progress
 from schemas.arrow import DOCUMENTS_SCHEMA, ELEMENTS_SCHEMA, EXTRACTED_SCHEMA, KEPT_SCHEMA, WORK
 from schemas.config import ExtractionConfig
-from schemas.errors import ExtractionError, unexpected
+from schemas.errors import ExtractionError, one_line, unexpected
 from tasks.kept import extraction_fingerprint, kept_rows, usable
 from tasks.clean import (
     BOMS,
@@ -41,6 +42,7 @@ from tasks.metadata import (
     merged_metadata,
 )
 
+log = logging.getLogger(__name__)
 MARKDOWN = {".md", ".markdown", ".mdx"}
 _OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # legacy Office / encrypted OOXML container
 _FRONT_MATTER = re.compile(r"\A(?:---|\+\+\+)[ \t]*\n(.*?)\n(?:---|\+\+\+)[ \t]*(?:\n|\Z)", re.DOTALL)
@@ -570,7 +572,9 @@ def detect_inline(docs: list[dict], results: dict[str, Extracted | ExtractionErr
             and "language" not in results[d["doc_id"]].metadata]
     try:
         languages: list[str | None | ExtractionError] = list(detect_languages([results[i].elements for i in todo]))
-    except Exception:  # noqa: BLE001 - the per-document boundary: find the one at fault
+    except Exception as exc:  # noqa: BLE001 - the per-document boundary: find the one at fault
+        log.warning("language detection failed for the batch (%s: %s); detecting its %d documents one by one",
+                    type(exc).__name__, one_line(exc), len(todo))
         languages = [_detect_alone(results[i]) for i in todo]
     for doc_id, language in zip(todo, languages, strict=True):
         if isinstance(language, ExtractionError):

@@ -151,7 +151,7 @@ def test_detect_inline_sets_only_what_neither_source_nor_document_states():
     assert isinstance(results["failed"], extract.ExtractionError)
 
 
-def test_a_document_whose_detection_raises_is_quarantined_and_the_others_are_detected(monkeypatch):
+def test_a_document_whose_detection_raises_is_quarantined_and_the_others_are_detected(monkeypatch, caplog):
     prose = " ".join(CELLS.split("\n")[2:])
     results = {"good": Extracted(_rows(prose), None, "a"), "bad": Extracted(_rows("poison " + prose), None, "b")}
 
@@ -168,6 +168,7 @@ def test_a_document_whose_detection_raises_is_quarantined_and_the_others_are_det
     detect_inline([{"doc_id": "good", "language": None}, {"doc_id": "bad", "language": None}], results)
     assert results["good"].metadata == {"detected_language": "de"}
     assert isinstance(results["bad"], extract.ExtractionError) and results["bad"].error_type == "RecursionError"
+    assert "language detection failed for the batch (RecursionError" in caplog.text, "the fallback is said, not silent"
 
 
 def _blanked(markdown: str) -> str:
