@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
@@ -267,41 +268,52 @@ class _Mcp:
         return "error" if "serving.timeout_s" in text else "refused", text, None
 
 
-async def _client(make: Callable[[], Any], server: str, clearance: str, queries: list[str], seed: int,
-                  begin: float, until: float, wait: tuple[float, float], calls: list[Call]) -> None:
+async def _client(client: Any, server: str, clearance: str, queries: list[str], seed: int, begin: float,
+                  until: float, wait: tuple[float, float], calls: list[Call]) -> None:
     """One agent: a search, now and then the context of a hit it got or the sources, a pause between calls."""
     rng = random.Random(seed)
     seen: list[str] = []
-    try:
-        async with make() as client:
-            while time.perf_counter() < until:
-                op = rng.choices([m[0] for m in MIX], [m[1] for m in MIX])[0]
-                if op == "context" and not seen:
-                    op = "search"
-                arg = rng.choice(queries) if op == "search" else rng.choice(seen) if op == "context" else ""
-                start = time.perf_counter()
-                try:
-                    outcome, detail, answer = await client.call(op, arg)
-                except Exception as exc:  # noqa: BLE001 - a transport error is a result of the load, counted
-                    outcome, detail, answer = "error", f"{type(exc).__name__}: {exc}"[:200], None
-                took = time.perf_counter() - start
-                call = Call(server, op, start - begin, took, outcome, detail, clearance=clearance)
-                if answer is not None:
-                    call.version, call.rows, call.levels = _rows(answer, op)
-                    if op == "search":
-                        seen = [r[0] for r in call.rows] or seen
-                calls.append(call)
-                if wait[1] > 0:
-                    await asyncio.sleep(rng.uniform(*wait))
-    except Exception as exc:  # noqa: BLE001 - a session that could not open is an error of the load too
-        calls.append(Call(server, "connect", time.perf_counter() - begin, 0.0, "error", f"{type(exc).__name__}: {exc}"))
+    # Each agent starts somewhere in its first pause, as agents that were not started together would: 32 first
+    # calls in the same millisecond queue behind serving.concurrency and time the herd, not the server.
+    await asyncio.sleep(rng.uniform(0, wait[1]))
+    while time.perf_counter() < until:
+        op = rng.choices([m[0] for m in MIX], [m[1] for m in MIX])[0]
+        if op == "context" and not seen:
+            op = "search"
+        arg = rng.choice(queries) if op == "search" else rng.choice(seen) if op == "context" else ""
+        start = time.perf_counter()
+        try:
+            outcome, detail, answer = await client.call(op, arg)
+        except Exception as exc:  # noqa: BLE001 - a transport error is a result of the load, counted
+            outcome, detail, answer = "error", f"{type(exc).__name__}: {exc}"[:200], None
+        took = time.perf_counter() - start
+        call = Call(server, op, start - begin, took, outcome, detail, clearance=clearance)
+        if answer is not None:
+            call.version, call.rows, call.levels = _rows(answer, op)
+            if op == "search":
+                seen = [r[0] for r in call.rows] or seen
+        calls.append(call)
+        if wait[1] > 0:
+            await asyncio.sleep(rng.uniform(*wait))
 
 
 async def _load(make: Callable[[int], Any], server: str, keys: list[tuple[str, str]], queries: list[str],
                 seconds: float, wait: tuple[float, float], calls: list[Call]) -> list[Call]:
-    begin = time.perf_counter()
-    await asyncio.gather(*(_client(lambda i=i: make(i), server, keys[i][1], queries, i, begin, begin + seconds,
-                                   wait, calls) for i in range(len(keys))))
+    """Every agent connected first (its own connection or MCP session), then all of them calling for seconds.
+
+    Connecting is not timed: building 32 clients in this one event loop (each httpx client loads the CA bundle,
+    ~25 ms) held up the first calls' answers, so that they read 0.7-1.2 s whatever the server did.
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        clients: list[tuple[int, Any]] = []
+        for i in range(len(keys)):
+            try:
+                clients.append((i, await stack.enter_async_context(make(i))))
+            except Exception as exc:  # noqa: BLE001 - a session that could not open is an error of the load too
+                calls.append(Call(server, "connect", 0.0, 0.0, "error", f"{type(exc).__name__}: {exc}"))
+        begin = time.perf_counter()
+        await asyncio.gather(*(_client(client, server, keys[i][1], queries, i, begin, begin + seconds, wait, calls)
+                               for i, client in clients))
     return calls
 
 
@@ -393,15 +405,17 @@ async def _sampled(proc: subprocess.Popen, seconds: float, every: float = 2.0) -
     return out
 
 
-async def _checking(calls: list[Call], config: Path, until: float, every: float = 5.0) -> tuple[list[str], int]:
+async def _checking(calls: list[Call], config: Path, done: asyncio.Event, every: float = 5.0,
+                    ) -> tuple[list[str], int]:
     """Check the answers as they come (torn), every few seconds: a version is pruned a while after it was served."""
     problems: list[str] = []
-    pruned, done = 0, 0
+    pruned, checked = 0, 0
     while True:
-        last = time.perf_counter() >= until
+        last = done.is_set()  # the load has ended: this pass checks the last answers
         if not last:
-            await asyncio.sleep(every)
-        batch, done = calls[done:], len(calls)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), every)
+        batch, checked = calls[checked:], len(calls)
         found, gone = await asyncio.to_thread(torn, batch, config)
         problems += found
         pruned += gone
@@ -413,9 +427,15 @@ async def _phase(make: Callable[[int], Any], server: str, proc: subprocess.Popen
                  queries: list[str], seconds: float, wait: tuple[float, float], config: Path,
                  ) -> tuple[list[Call], list, tuple[list[str], int]]:
     calls: list[Call] = []
-    until = time.perf_counter() + seconds
-    _, rss, checked = await asyncio.gather(_load(make, server, keys, queries, seconds, wait, calls),
-                                           _sampled(proc, seconds), _checking(calls, config, until + 1))
+    done = asyncio.Event()
+
+    async def load() -> list[Call]:
+        try:
+            return await _load(make, server, keys, queries, seconds, wait, calls)
+        finally:
+            done.set()
+
+    _, rss, checked = await asyncio.gather(load(), _sampled(proc, seconds), _checking(calls, config, done))
     return calls, rss, checked
 
 

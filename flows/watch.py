@@ -329,7 +329,7 @@ def start_worker(cfg: InletConfig, config_path: str, on_replaced: Callable[[dict
     env = {**worker_env(cfg.watch.worker_env, os.environ),
            **get_current_settings().to_environment_variables(exclude_unset=True)}
     return WarmWorker("flows.watch_worker", [config_path], env=env, growth_mb=cfg.watch.worker_growth_mb,
-                      settle_calls=cfg.watch.worker_settle_runs,
+                      settle_calls=cfg.watch.worker_settle_runs, nice=cfg.watch.worker_nice,
                       on_replaced=on_replaced)
 
 

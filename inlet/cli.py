@@ -773,9 +773,10 @@ def mcp(
     server = build_server(kb, who, api_keys, url)
     served = f"{len(api_keys.keys)} API keys" if api_keys else f"caller {who.name}, clearance {who.clearance}"
     typer.echo(f"inlet mcp: {url or 'stdio'}, {served}, access log {kb.log.path}", err=True)  # stdout: the protocol's
-    if address is None:
+    if address is None:  # one client, the local user's agent: its first call loads what it needs
         server.run("stdio")
     else:
+        typer.echo(f"inlet mcp: {kb.warm()}", err=True)  # before the port opens: no caller waits for the loading
         serve_http(server, kb, *address, who, api_keys)
 
 
@@ -811,6 +812,7 @@ def api(
     typer.echo(f"inlet api: http://{host}:{port} (docs at /docs), "
                f"{f'{len(api_keys.keys)} API keys' if api_keys else f'caller {who.name}, clearance {who.clearance}'}"
                f", access log {kb.log.path}", err=True)
+    typer.echo(f"inlet api: {kb.warm()}", err=True)  # before the port opens: no caller waits for the loading
     uvicorn.run(guarded(build_app(kb, who, api_keys), kb, who, callers_of(api_keys)), host=host, port=port,
                 log_level="warning")
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -39,6 +40,7 @@ from query.search import (
     result_of,
     search,
     store_connection,
+    warm,
     version_fact,
     visible_clause,
 )
@@ -55,7 +57,14 @@ from schemas.answers import (
     VersionsAnswer,
 )
 from schemas.config import ACCESS_LEVELS, ApiKeys, InletConfig
-from schemas.errors import AnswerTimeoutError, ConfigError, NotAvailableError, QueryError, StoreError
+from schemas.errors import (
+    AnswerTimeoutError,
+    ConfigError,
+    InletError,
+    NotAvailableError,
+    QueryError,
+    StoreError,
+)
 
 MAX_NEIGHBORS = 10
 T = TypeVar("T")
@@ -213,6 +222,32 @@ class KnowledgeBase:
             self.log.write(caller, tool, query, served, f"{type(exc).__name__}: {exc}")
             raise
         self.log.write(caller, tool, query, served, None)
+
+    def warm(self) -> str:
+        """Load what searches need before the first caller waits for it; say what was loaded, or why nothing was.
+
+        A long-lived server's first searches otherwise each load index parts, the query embedder and the language
+        profiles as they meet them: 32 agents arriving together at a new `inlet api` waited 1-1.6 s each for the
+        first second and a half (bench/README.md, "Under load"). The chunks table's indexes are read whole
+        (query.search.warm) and one search per mode is made at public clearance, unlogged (no caller made it).
+        A store without a chunks table yet has nothing to load: said, not raised, and the server starts.
+        """
+        start = time.perf_counter()
+        probe = "how do I get started with this"  # words enough for the query's language to be detected
+        try:
+            warm(self.cfg)
+        except InletError as exc:
+            return f"nothing loaded ahead ({exc}); the first searches load what they need"
+        loaded, skipped = [], []
+        for mode in ("vector", "fulltext", "hybrid"):
+            try:
+                search(probe, k=1, mode=mode, config=self.cfg, clearance="public")
+                loaded.append(mode)
+            except InletError as exc:  # e.g. no full-text index: that mode's searches will say so themselves
+                skipped.append(f"{mode}: {exc}")
+        said = f"; not loaded: {'; '.join(skipped)}" if skipped else ""
+        return (f"indexes, query embedder and {', '.join(loaded) or 'no'} search loaded in "
+                f"{time.perf_counter() - start:.1f} s{said}")
 
     def search(self, caller: Caller, query: str, k: int = 5, filters: Filters | None = None,
                mode: Mode | None = None, as_of: str | int | None = None) -> SearchAnswer:

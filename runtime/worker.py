@@ -38,6 +38,7 @@ log = logging.getLogger("inlet.worker")
 GUARD_S = 0.25  # how often a child checks that its parent is alive
 CHANNEL_ENV = "INLET_WORKER_CHANNEL"  # the descriptor a worker writes its answers to
 PARENT_ENV = "INLET_WORKER_PARENT"  # the watcher's pid: read before the worker's imports, which take seconds
+NICE_ENV = "INLET_WORKER_NICE"  # added to the worker's nice value before it starts any thread (they inherit it)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -95,6 +96,8 @@ class WarmWorker:
 
     settle_calls: requests after which the child's memory counts as settled (models loaded, caches full);
     growth_mb: growth past that at which a spare is started; it takes over at the next request once warm.
+    nice: added to the child's nice value (os.nice), so that other processes of the machine go first when both
+    want the cores (its own child processes inherit it); 0 leaves it as this process's.
     """
 
     module: str
@@ -102,6 +105,7 @@ class WarmWorker:
     env: dict[str, str] = field(default_factory=dict)
     growth_mb: float = 128.0
     settle_calls: int = 40
+    nice: int = 0
     on_replaced: Callable[[dict], None] = lambda info: None
     current: _Child | None = None
     replaced: int = 0  # workers handed over to a spare
@@ -237,7 +241,8 @@ class WarmWorker:
         read, write = os.pipe()
         # -P and PYTHONPATH: this code's own folder is what the worker imports, whatever the current folder holds.
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        env = {**os.environ, **self.env, CHANNEL_ENV: str(write), PARENT_ENV: str(os.getpid()), "PYTHONPATH": path}
+        env = {**os.environ, **self.env, CHANNEL_ENV: str(write), PARENT_ENV: str(os.getpid()), NICE_ENV: str(self.nice),
+               "PYTHONPATH": path}
         try:
             proc = subprocess.Popen([sys.executable, "-P", "-m", "runtime.worker", self.module, *self.args], env=env,
                                     pass_fds=(write,), stdin=subprocess.PIPE,
@@ -325,6 +330,8 @@ if __name__ == "__main__":  # python -P -m runtime.worker <module> <args>: what 
     # Before the worker's own imports (seconds): Ctrl-C reaches the whole process group, and the watcher stops
     # the worker itself after the run in progress; a watcher killed meanwhile must still take its worker along.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if int(os.environ.get(NICE_ENV, "0")) > 0:  # first, so that every thread the imports start inherits it
+        os.nice(int(os.environ[NICE_ENV]))
     threading.Thread(target=_die_with, args=(int(os.environ[PARENT_ENV]),), name="inlet-worker-guard",
                      daemon=True).start()
     importlib.import_module(sys.argv[1]).worker_main(sys.argv[2:])

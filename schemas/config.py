@@ -593,6 +593,10 @@ class WatchConfig(_Strict):
                                     "(libraries' allocators keep what thousands of runs freed).")
     worker_settle_runs: int = Field(100, ge=1, description="Runs after which a worker's memory counts as settled "
                                     "(models loaded, caches filled): its growth is measured from there.")
+    worker_nice: int = Field(10, ge=0, le=19, description="Added to the nice value of the worker that runs the live "
+                             "flows: where `inlet api` or `inlet mcp` share the machine, their searches get the cores "
+                             "first and a run waits only while they are busy (32 agents on 2 cores: searches slower "
+                             "than 300 ms went from 18% to 4% at 10-19; bench/README.md). 0: the watcher's own.")
     worker_env: dict[str, str] = Field(
         default_factory=lambda: dict(LEAN_MEMORY_ENV),
         description="Environment variables the worker is started with, where the watcher's own environment "

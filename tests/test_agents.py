@@ -94,8 +94,8 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _serving(*args: str, ready: str) -> Iterator[subprocess.Popen]:
-    """Run `inlet ARGS` until the block ends, once GET ready answers (any status)."""
+def _serving(*args: str, ready: str, printed: list[str] | None = None) -> Iterator[subprocess.Popen]:
+    """Run `inlet ARGS` until the block ends, once GET ready answers (any status); what it printed goes to printed."""
     err = tempfile.TemporaryFile(mode="w+")  # not a pipe: a server logging every request would fill it and stall
     proc = subprocess.Popen([sys.executable, "-m", "inlet.cli", *args], env=_env(), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=err, text=True)
@@ -114,6 +114,9 @@ def _serving(*args: str, ready: str) -> Iterator[subprocess.Popen]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        if printed is not None:
+            err.seek(0)
+            printed.append(err.read())
         err.close()
 
 
@@ -400,6 +403,26 @@ def test_an_empty_store_and_an_unwritable_log_get_clear_answers(tmp_path):
     (tmp_path / "blocked").write_text("a file where the log's folder should be", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"serving.access_log: cannot write .*blocked/access.jsonl"):
         open_knowledge_base(cfg, tmp_path / "blocked" / "access.jsonl")
+
+
+def test_a_server_loads_what_searches_need_before_its_first_caller_and_logs_no_call_for_it(kb, tmp_path):
+    from query.service import open_knowledge_base
+    from schemas.config import parse_config
+
+    log = tmp_path / "access.jsonl"
+    said = open_knowledge_base(load_config(kb), log).warm()
+    assert said.startswith("indexes, query embedder and vector, fulltext, hybrid search loaded in"), said
+    assert not log.exists() or log.read_text(encoding="utf-8") == "", "no caller made these searches"
+    empty = parse_config({"sources": [{"name": "s", "path": str(tmp_path)}], "embedding": {"kind": "hashing", "dim": 8},
+                          "store": {"uri": str(tmp_path / "lancedb"), "artifacts": str(tmp_path / "runs")}},
+                         origin="test").resolved(tmp_path)
+    said = open_knowledge_base(empty, log).warm()
+    assert said.startswith("nothing loaded ahead") and "run `inlet ingest` first" in said, "said, not raised"
+    printed: list[str] = []
+    with _serving("api", "--port", str(port := _free_port()), "--config", str(kb),
+                  ready=f"http://127.0.0.1:{port}/openapi.json", printed=printed):
+        pass  # its port opened only after the loading
+    assert "inlet api: indexes, query embedder and vector, fulltext, hybrid search loaded in" in printed[0]
 
 
 def test_an_exposed_server_needs_keys_or_an_explicit_insecure_flag():

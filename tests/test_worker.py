@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -76,3 +77,28 @@ def test_a_worker_grown_past_its_settled_size_hands_over_to_a_warm_spare_between
     assert worker.replaced == 1 and worker.pid() != first
     assert worker.call(("pid",)) == worker.pid()
     assert replaced[0]["calls"] >= 4 and replaced[0]["rss_mb"] > replaced[0]["settled_mb"] + 32
+
+
+def _task_nice_values(pid: int) -> set[int]:
+    """The nice value of each thread of a process (Linux: field 19 of /proc/PID/task/TID/stat)."""
+    values = set()
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        values.add(int(fields[16]))
+    return values
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread nice values from Linux's /proc")
+def test_a_worker_started_nicer_runs_every_thread_at_that_priority():
+    base = os.nice(0)
+    nicer = WarmWorker("tests.grow_worker", [], nice=5)
+    plain = WarmWorker("tests.grow_worker", [])
+    try:
+        nicer.start()
+        plain.start()
+        assert _task_nice_values(nicer.pid()) == {min(base + 5, 19)}, "its guard thread, started after, inherits it"
+        assert _task_nice_values(plain.pid()) == {base}
+        assert nicer.call(("pid",)) == nicer.pid(), "and it serves as any worker"
+    finally:
+        nicer.close()
+        plain.close()
