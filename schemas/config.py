@@ -532,6 +532,12 @@ class ServingConfig(_Strict):
                                     "wait their turn (within timeout_s). None: twice the machine's cores. LanceDB "
                                     "uses every core for each read: more at once only share them, each holding its "
                                     "buffers.")
+    index_cache_mb: int | None = Field(None, ge=1, description="LanceDB index cache of a serving process, in MB: "
+                                       "every published version's new index parts are kept until it is full. None: "
+                                       "sized from the store when the server starts (query/search.py "
+                                       "read_cache_bounds).")
+    metadata_cache_mb: int | None = Field(None, ge=1, description="LanceDB metadata cache (manifests, fragment "
+                                          "metadata) of a serving process, in MB. None: sized with the index cache.")
 
     @field_validator("rate_limit")
     @classmethod
