@@ -91,51 +91,7 @@ def _connect(uri: str) -> lancedb.DBConnection:
 
 @functools.cache
 def _connection(uri: str, options: str) -> lancedb.DBConnection:
-    index, metadata = _READ_CACHE["index"], _READ_CACHE["metadata"]
-    session = (lancedb.Session(index_cache_size_bytes=index, metadata_cache_size_bytes=metadata)
-               if index is not None or metadata is not None else None)
-    return lancedb.connect(uri, read_consistency_interval=timedelta(0), storage_options=json.loads(options) or None,
-                           session=session)
-
-
-# The read connections' LanceDB caches; None: LanceDB's own bounds (6 GiB of index parts, 1 GiB of metadata).
-_READ_CACHE: dict[str, int | None] = {"index": None, "metadata": None}
-_INDEX_CACHE_FLOOR = 64 << 20
-_METADATA_CACHE_FLOOR = 32 << 20
-
-
-def bound_read_caches(index_bytes: int | None, metadata_bytes: int | None) -> None:
-    """Bound the LanceDB caches of this process's read connections (a server, before its first read); None: LanceDB's.
-
-    LanceDB keeps what it read of every version until its cache is full: a server shown a new version every few
-    seconds grew ~25 MB a minute with LanceDB's bounds (bench/README.md, "Under load").
-    """
-    _READ_CACHE.update(index=index_bytes, metadata=metadata_bytes)
-    _connection.cache_clear()
-    _TABLES.clear()
-    _pinned.cache_clear()
-
-
-def read_cache_bounds(cfg: InletConfig) -> tuple[int, int]:
-    """A serving process's cache bounds in bytes: serving.index_cache_mb / metadata_cache_mb, else from the store.
-
-    Unset, the index cache holds twice the chunks table's index files as they are on disk (its indexes and a
-    version's worth of new parts), at least 64 MB; the metadata cache a quarter of that, at least 32 MB. A store on
-    object storage, or one not written yet, gets the floors. Set them where the store grows a lot while served.
-    """
-    serving = cfg.serving
-    on_disk = _index_bytes(Path(str(cfg.store.uri)) / f"{cfg.store.chunks_table}.lance" / "_indices")
-    index = serving.index_cache_mb << 20 if serving.index_cache_mb else max(_INDEX_CACHE_FLOOR, 2 * on_disk)
-    metadata = (serving.metadata_cache_mb << 20 if serving.metadata_cache_mb
-                else max(_METADATA_CACHE_FLOOR, index // 4))
-    return index, metadata
-
-
-def _index_bytes(folder: Path) -> int:
-    """Bytes of the files under a local table's index folder (0 where there is none, e.g. on object storage)."""
-    if not folder.is_dir():
-        return 0
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    return lancedb.connect(uri, read_consistency_interval=timedelta(0), storage_options=json.loads(options) or None)
 
 
 def store_connection(cfg: InletConfig) -> lancedb.DBConnection:

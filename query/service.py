@@ -31,14 +31,12 @@ from query.search import (
     SELECTED,
     Mode,
     SearchResult,
-    bound_read_caches,
     has_expiring_rows,
     in_published_version,
     modified_times,
     next_expiry,
     published_table,
     quote,
-    read_cache_bounds,
     result_of,
     search,
     store_connection,
@@ -440,7 +438,6 @@ def _source(name: str, kind: str, chunks: int, ids: set[str], mtimes: dict[str, 
 def open_knowledge_base(cfg: InletConfig, access_log: Path | None = None,
                         log_queries: bool | None = None) -> KnowledgeBase:
     """A KnowledgeBase over cfg's store, logging to access_log (default: serving.access_log)."""
-    bound_read_caches(*read_cache_bounds(cfg))  # a server lives through many versions: what it keeps is bounded
     store_connection(cfg)  # the store's options, for a store on object storage
     serving = cfg.serving
     if access_log is None and serving.access_log is None:

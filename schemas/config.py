@@ -532,12 +532,6 @@ class ServingConfig(_Strict):
                                     "wait their turn (within timeout_s). None: twice the machine's cores. LanceDB "
                                     "uses every core for each read: more at once only share them, each holding its "
                                     "buffers.")
-    index_cache_mb: int | None = Field(None, ge=1, description="LanceDB index cache of a serving process, in MB: "
-                                       "every published version's new index parts are kept until it is full. None: "
-                                       "sized from the store when the server starts (query/search.py "
-                                       "read_cache_bounds).")
-    metadata_cache_mb: int | None = Field(None, ge=1, description="LanceDB metadata cache (manifests, fragment "
-                                          "metadata) of a serving process, in MB. None: sized with the index cache.")
 
     @field_validator("rate_limit")
     @classmethod
@@ -601,8 +595,9 @@ class WatchConfig(_Strict):
                                     "(models loaded, caches filled): its growth is measured from there.")
     worker_nice: int = Field(10, ge=0, le=19, description="Added to the nice value of the worker that runs the live "
                              "flows: where `inlet api` or `inlet mcp` share the machine, their searches get the cores "
-                             "first and a run waits only while they are busy (32 agents on 2 cores: searches slower "
-                             "than 300 ms went from 18% to 4% at 10-19; bench/README.md). 0: the watcher's own.")
+                             "first and a run waits only while they are busy (32 agents on 2 cores, a change every "
+                             "3 s, the worker reniced to 19 by hand: searches over 300 ms 16.7% -> 2.4% of calls; "
+                             "bench/README.md). 0: the watcher's own.")
     worker_env: dict[str, str] = Field(
         default_factory=lambda: dict(LEAN_MEMORY_ENV),
         description="Environment variables the worker is started with, where the watcher's own environment "

@@ -75,23 +75,3 @@ def test_a_version_fact_is_computed_once_while_many_readers_ask_for_it_together(
     assert len(calls) == 1, "the others waited for the one computing it"
     assert version_fact(Table(), "store-single-flight", 8, "tally", slow) == 42 and len(calls) == 2, "a new version"
 
-
-def test_a_servers_caches_are_sized_from_the_tables_index_files_unless_set(tmp_path):
-    from query.search import read_cache_bounds
-    from schemas.config import parse_config
-
-    def bounds(**serving: int) -> tuple[int, int]:
-        cfg = parse_config({"sources": [{"name": "s", "path": str(tmp_path)}],
-                            "embedding": {"kind": "hashing", "dim": 8}, "serving": serving,
-                            "store": {"uri": str(tmp_path / "lancedb"), "artifacts": str(tmp_path / "runs")}},
-                           origin="test").resolved(tmp_path)
-        return read_cache_bounds(cfg)
-
-    mb = 1 << 20
-    assert bounds() == (64 * mb, 32 * mb), "nothing written yet: the floors"
-    index = tmp_path / "lancedb" / "chunks.lance" / "_indices" / "some-uuid"
-    index.mkdir(parents=True)
-    with (index / "part.lance").open("wb") as f:
-        f.truncate(200 * mb)  # 200 MB of index files on disk (sparse: no disk used)
-    assert bounds() == (400 * mb, 100 * mb), "twice the index files, a quarter of that for metadata"
-    assert bounds(index_cache_mb=128, metadata_cache_mb=16) == (128 * mb, 16 * mb), "as set"
