@@ -10,8 +10,10 @@ settled size by a set amount, a spare is started and warmed beside it and takes 
 Requests go down the child's stdin, answers come back on a pipe of their own (its descriptor named in
 CHANNEL_ENV), pickled, one at a time; before its answer, a request may send events (emit(): log lines, progress)
 that the caller's on_event receives as they happen; the child's stdout is the parent's stderr, so nothing a library prints,
-even while it is imported, can reach the channel or a parent's own output (`inlet watch --json`). A child whose parent died (SIGKILL of the watcher) kills itself within a quarter second: it is
-part of the watcher, and a restarted watcher must find no second writer still running.
+even while it is imported, can reach the channel or a parent's own output (`inlet watch --json`). A child whose
+parent died (SIGKILL of the watcher) kills itself within a quarter second, once it gets the CPU (at its lower
+priority a busy machine may make that seconds): it is part of the watcher, and a restarted watcher must find no
+second writer still running.
 """
 
 from __future__ import annotations
