@@ -243,8 +243,8 @@ class WarmWorker:
         read, write = os.pipe()
         # -P and PYTHONPATH: this code's own folder is what the worker imports, whatever the current folder holds.
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        env = {**os.environ, **self.env, CHANNEL_ENV: str(write), PARENT_ENV: str(os.getpid()), NICE_ENV: str(self.nice),
-               "PYTHONPATH": path}
+        env = {**os.environ, **self.env, CHANNEL_ENV: str(write), PARENT_ENV: str(os.getpid()),
+               NICE_ENV: str(self.nice), "PYTHONPATH": path}
         try:
             proc = subprocess.Popen([sys.executable, "-P", "-m", "runtime.worker", self.module, *self.args], env=env,
                                     pass_fds=(write,), stdin=subprocess.PIPE,

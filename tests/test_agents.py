@@ -418,6 +418,10 @@ def test_a_server_loads_what_searches_need_before_its_first_caller_and_logs_no_c
                          origin="test").resolved(tmp_path)
     said = open_knowledge_base(empty, log).warm()
     assert said.startswith("nothing loaded ahead") and "run `inlet ingest` first" in said, "said, not raised"
+    cfg = load_config(kb)
+    remote = cfg.model_copy(update={"embedding": cfg.embedding.model_copy(update={"kind": "gemini"})})
+    said = open_knowledge_base(remote, log).warm()
+    assert said.startswith("indexes, fulltext search loaded in"), "no paid API call to embed a probe at each start"
     printed: list[str] = []
     with _serving("api", "--port", str(port := _free_port()), "--config", str(kb),
                   ready=f"http://127.0.0.1:{port}/openapi.json", printed=printed):

@@ -74,4 +74,3 @@ def test_a_version_fact_is_computed_once_while_many_readers_ask_for_it_together(
     assert answers == [42] * 8
     assert len(calls) == 1, "the others waited for the one computing it"
     assert version_fact(Table(), "store-single-flight", 8, "tally", slow) == 42 and len(calls) == 2, "a new version"
-
