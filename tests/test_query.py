@@ -74,3 +74,30 @@ def test_a_version_fact_is_computed_once_while_many_readers_ask_for_it_together(
     assert answers == [42] * 8
     assert len(calls) == 1, "the others waited for the one computing it"
     assert version_fact(Table(), "store-single-flight", 8, "tally", slow) == 42 and len(calls) == 2, "a new version"
+
+
+def test_a_long_lived_reader_keeps_the_facts_of_the_versions_it_asked_for_last_only():
+    import importlib
+
+    from query.search import FACTS_KEPT, version_fact
+
+    search_module = importlib.import_module("query.search")  # the package's `search` attribute is the function
+
+    class Table:  # version_fact reads only its name
+        name = "chunks"
+
+    calls: list[int] = []
+
+    def tally(table: Table) -> list[int]:
+        calls.append(1)
+        return [0] * 1000
+
+    # A server under a live watcher meets a new version every few seconds, and keeps asking for the newest.
+    for version in range(10 * FACTS_KEPT):
+        version_fact(Table(), "store-bounded", version, "tally", tally)
+        version_fact(Table(), "store-bounded", 0, "tally", tally)  # one old version still read (a pinned as_of)
+    kept = [k for k in search_module._VERSION_FACTS if k[0] == "store-bounded"]
+    assert len(kept) <= FACTS_KEPT, "old versions' facts were all kept"
+    assert ("store-bounded", "chunks", 10 * FACTS_KEPT - 1, "tally") in kept, "the newest was dropped"
+    assert ("store-bounded", "chunks", 0, "tally") in kept, "a version still asked for was dropped"
+    assert len(calls) == 10 * FACTS_KEPT, "a kept fact was computed again"
