@@ -6,6 +6,7 @@ import bisect
 import functools
 import json
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -86,12 +87,37 @@ def _connect(uri: str) -> lancedb.DBConnection:
 
     Reads are checked against the latest version every time, so cached tables see each new run.
     """
-    return _connection(uri, json.dumps(_STORE_OPTIONS.get(uri, {}), sort_keys=True))
+    key = (uri, json.dumps(_STORE_OPTIONS.get(uri, {}), sort_keys=True))
+    with _CONNECTING:
+        db = _CONNECTIONS.get(key)
+        if db is None:
+            bounds = _CACHE_BOUNDS.get(uri)
+            session = (lancedb.Session(index_cache_size_bytes=bounds[0], metadata_cache_size_bytes=bounds[1])
+                       if bounds else lancedb.Session())
+            db = lancedb.connect(uri, read_consistency_interval=timedelta(0), storage_options=json.loads(key[1]) or None,
+                                 session=session)
+            _CONNECTIONS[key] = db
+        return db
 
 
-@functools.cache
-def _connection(uri: str, options: str) -> lancedb.DBConnection:
-    return lancedb.connect(uri, read_consistency_interval=timedelta(0), storage_options=json.loads(options) or None)
+# The read side's connections, by (store, options), and the bounds warm() gave their caches, by store. LanceDB's own
+# bounds (6 GB of index, 1 GB of metadata) are never reached by a one-shot query, but a server under a live watcher
+# keeps what it read of every version it met: each publish adds index delta segments and manifests, and a merge
+# gives an index new segments. At 19k chunks that grew a server's caches ~7 MB a minute, without end.
+_CONNECTIONS: dict[tuple[str, str], lancedb.DBConnection] = {}
+_CACHE_BOUNDS: dict[str, tuple[int, int]] = {}
+_CONNECTING = threading.Lock()
+
+
+def cache_bounds(loaded: int) -> tuple[int, int]:
+    """Index and metadata cache bounds (bytes) for a server whose served version's indexes took `loaded` bytes.
+
+    Room for that version once and a half (the next version's new segments, a merged index read while the old one
+    still serves) and 16 MB more; metadata (manifests, fragment lists) 16 MB and a quarter of it. At 19k chunks
+    (28 MB loaded) that is 58 + 23 MB, at 1M chunks about 1.5 and 0.25 times its indexes. What is not asked for
+    again goes first: old versions' segments and manifests.
+    """
+    return int(1.5 * loaded) + (16 << 20), loaded // 4 + (16 << 20)
 
 
 def store_connection(cfg: InletConfig) -> lancedb.DBConnection:
@@ -429,7 +455,9 @@ def tied_cut(scores: dict[int, float], n: int) -> list[int]:
     return order[:end]
 
 
-_QUERY_VECTORS: OrderedDict[tuple[str, str], list[float]] = OrderedDict()  # (fingerprint, text) -> vector
+# (fingerprint, text) -> vector, as 4-byte floats: a list of 384 Python floats is 12 KB, its array 1.5 KB (the table
+# holds float32 vectors, so nothing is lost); 1,024 kept lists of a 768-dimension embedder were ~25 MB.
+_QUERY_VECTORS: OrderedDict[tuple[str, str], array] = OrderedDict()
 _QUERY_VECTORS_KEPT = 1024
 _QUERY_VECTORS_LOCK = threading.Lock()
 
@@ -443,13 +471,13 @@ def query_vector(embedder: Embedder, text: str) -> list[float]:
     with _QUERY_VECTORS_LOCK:  # searches may run on many threads
         if key in _QUERY_VECTORS:
             _QUERY_VECTORS.move_to_end(key)
-            return _QUERY_VECTORS[key]
-    vector = [float(x) for x in embedder.embed([text])[0]]
+            return list(_QUERY_VECTORS[key])
+    vector = array("f", embedder.embed([text])[0])  # the first caller gets what the next ones will, float32 alike
     with _QUERY_VECTORS_LOCK:
         _QUERY_VECTORS[key] = vector
         if len(_QUERY_VECTORS) > _QUERY_VECTORS_KEPT:
             _QUERY_VECTORS.popitem(last=False)
-    return vector
+    return list(vector)
 
 
 def modified_times(cfg: InletConfig) -> dict[str, float]:
@@ -630,9 +658,26 @@ def warm(config: InletConfig | str | Path = DEFAULT_CONFIG, variant: str | None 
 
     Without it the first searches load index parts as they need them (at 1M chunks a first round of
     vector searches ran ~2 ms slower at the median). A one-shot query should not call it: it reads
-    every index whole (~1.5 s at 1M chunks) to answer one question.
+    every index whole (~1.5 s at 1M chunks) to answer one question. The first warm() of a store also bounds the
+    caches of its read connection (cache_bounds): the indexes are read once through a connection of their own to
+    learn what the served version takes, then again through the bounded one that will serve.
     """
     cfg = select_variant(config if isinstance(config, InletConfig) else _load_config(Path(config)), variant)
+    uri = str(cfg.store.uri)
+    if uri not in _CACHE_BOUNDS:
+        _current_table(cfg, None)  # a store without the table is refused here, as a search would be
+        probe = lancedb.Session()
+        db = lancedb.connect(uri, storage_options=_STORE_OPTIONS.get(uri) or None, session=probe)
+        table = db.open_table(cfg.store.chunks_table)
+        for index in table.list_indices():
+            table.prewarm_index(index.name)
+        with _CONNECTING:
+            _CACHE_BOUNDS[uri] = cache_bounds(probe.size_bytes)
+            for key in [k for k in _CONNECTIONS if k[0] == uri]:
+                del _CONNECTIONS[key]  # its caches unbounded; reads from now on open the bounded one
+        for key in [k for k in _TABLES if k[0] == uri]:
+            del _TABLES[key]
+        _pinned.cache_clear()
     table, _ = _current_table(cfg, None)
     for index in table.list_indices():
         table.prewarm_index(index.name)

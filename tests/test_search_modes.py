@@ -386,6 +386,28 @@ def test_index_variants_share_one_extraction_and_keep_their_own_tables(corpus, w
     assert extracted["doc_id"].to_pylist() == ["sample:guides/boat-maintenance.md"], "extracted once for all"
 
 
+def test_a_warmed_reader_bounds_its_caches_by_what_its_version_needs(store, corpus):
+    import importlib
+
+    from query.search import cache_bounds
+
+    search_module = importlib.import_module("query.search")  # the package's `search` attribute is the function
+    assert cache_bounds(28 << 20) == (58 << 20, 23 << 20), "1.5 x loaded + 16 MB; a quarter + 16 MB"
+    uri = str(load_config(store).store.uri)
+    search_module._CACHE_BOUNDS.pop(uri, None)  # as in a new process
+    assert search("gelcoat hardener", k=1, mode="fulltext", config=store)
+    before = search_module.store_connection(load_config(store))
+    warm(config=store)
+    index_bytes, metadata_bytes = search_module._CACHE_BOUNDS[uri]
+    assert index_bytes > 16 << 20 and metadata_bytes > 16 << 20, "sized from the indexes it loaded"
+    assert search_module.store_connection(load_config(store)) is not before, "reads go through a bounded connection"
+    (corpus / "fresh.md").write_text("# Fresh\n\nThe wombat slipway opens at dawn.\n")
+    ingest(config_path=str(store))
+    assert search("wombat slipway", k=1, mode="hybrid", config=store)[0].doc_id == "sample:fresh.md"
+    warm(config=store)
+    assert search_module._CACHE_BOUNDS[uri] == (index_bytes, metadata_bytes), "bounded once per process"
+
+
 def test_search_sees_new_runs_and_a_chunks_table_made_anew(store, corpus):
     warm(config=store)  # the table is now cached, its indexes loaded
     assert search("gelcoat hardener", k=1, mode="fulltext", config=store)
