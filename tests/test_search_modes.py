@@ -392,14 +392,14 @@ def test_a_warmed_reader_bounds_its_caches_by_what_its_version_needs(store, corp
     from query.search import cache_bounds
 
     search_module = importlib.import_module("query.search")  # the package's `search` attribute is the function
-    assert cache_bounds(28 << 20) == (58 << 20, 23 << 20), "1.5 x loaded + 16 MB; a quarter + 16 MB"
+    assert cache_bounds(32 << 20) == (48 << 20, 12 << 20), "1.25 x loaded + 8 MB; an eighth + 8 MB"
     uri = str(load_config(store).store.uri)
     search_module._CACHE_BOUNDS.pop(uri, None)  # as in a new process
     assert search("gelcoat hardener", k=1, mode="fulltext", config=store)
     before = search_module.store_connection(load_config(store))
     warm(config=store)
     index_bytes, metadata_bytes = search_module._CACHE_BOUNDS[uri]
-    assert index_bytes > 16 << 20 and metadata_bytes > 16 << 20, "sized from the indexes it loaded"
+    assert index_bytes > 8 << 20 and metadata_bytes > 8 << 20, "sized from the indexes it loaded"
     assert search_module.store_connection(load_config(store)) is not before, "reads go through a bounded connection"
     (corpus / "fresh.md").write_text("# Fresh\n\nThe wombat slipway opens at dawn.\n")
     ingest(config_path=str(store))
