@@ -374,10 +374,15 @@ class KnowledgeBase:
         def count(t: lancedb.table.Table) -> tuple[dict[str, int], dict[str, set[str]]]:
             guard = visible_clause(t, store, version, clearance, now)
             rows = t.search().where(guard).select(["source", "doc_id"]).limit(None).to_arrow()
+            # Grouped by Arrow, then a loop over documents, not chunks: at 19.2k chunks the loop over chunks held
+            # the GIL 8.3 ms a tally (twice a version: both clearances) while the server's other reads waited;
+            # grouped first, 2.3 ms, 1 ms of it on this thread (/tmp script, p50 of 30, a quiet machine).
+            per_doc = rows.group_by(["source", "doc_id"]).aggregate([([], "count_all")])
             chunks: dict[str, int] = {}
             docs: dict[str, set[str]] = {}
-            for src, doc in zip(rows["source"].to_pylist(), rows["doc_id"].to_pylist(), strict=True):
-                chunks[src] = chunks.get(src, 0) + 1
+            for src, doc, n in zip(per_doc["source"].to_pylist(), per_doc["doc_id"].to_pylist(),
+                                   per_doc["count_all"].to_pylist(), strict=True):
+                chunks[src] = chunks.get(src, 0) + n
                 docs.setdefault(src, set()).add(doc)
             return chunks, docs
 

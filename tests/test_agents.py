@@ -471,6 +471,14 @@ def test_sources_are_counted_per_version_and_clearance(tmp_path, prefect_harness
     (corpus / "buoys.md").write_text(_note("Yellow racing buoys mark the summer course."), encoding="utf-8")
     ingest(config_path=str(path))
     assert (docs("public"), docs("internal")) == (public + 1, public + 2), "a new version is counted anew"
+    # The chunks, not the documents, of each clearance: as many as the published table holds at that level.
+    from query.search import published_table
+
+    table, _ = published_table(load_config(path))
+    for clearance, levels in (("public", "'public'"), ("internal", "'public', 'internal'")):
+        held = table.count_rows(f"access_level IN ({levels})")
+        source = kb.list_sources(Caller("x", clearance)).sources[0]
+        assert source.chunks == held > source.documents, f"{clearance}: chunks counted as the table holds them"
 
 
 def test_sources_are_counted_again_once_a_row_expires_and_runs_once_a_run_lands(tmp_path, prefect_harness,
