@@ -183,6 +183,7 @@ class WarmServer:
         self.served = 0
         self._busy = threading.Lock()  # held by the request running, and by a restart
         self._restarting: threading.Thread | None = None
+        self._restart_lock = threading.Lock()  # a restart thread is seen by others only once it has started
         self._sock: socket.socket | None = None
         self._closed = threading.Event()
 
@@ -234,8 +235,10 @@ class WarmServer:
 
     def settle(self, timeout_s: float = 120.0) -> None:
         """Wait for a restart in progress to end (tests; a command is declined meanwhile)."""
-        if self._restarting is not None:
-            self._restarting.join(timeout_s)
+        with self._restart_lock:
+            restarting = self._restarting
+        if restarting is not None:
+            restarting.join(timeout_s)
 
     def why_not(self, request: dict) -> str | None:
         """Why this request must run in its caller's process instead, or None (called holding the busy lock)."""
@@ -253,27 +256,29 @@ class WarmServer:
 
     def _restart(self, why: str) -> None:
         """Start a new worker in the background, once the request running (if any) has ended."""
-        if self._closed.is_set() or (self._restarting is not None and self._restarting.is_alive()):
-            return
+        with self._restart_lock:  # two callers at once start one restart; settle() never joins an unstarted one
+            if self._closed.is_set() or (self._restarting is not None and self._restarting.is_alive()):
+                return
+            self._restarting = threading.Thread(target=self._restart_worker, args=(why,), name="inlet-warm-restart",
+                                                daemon=True)
+            self._restarting.start()
 
-        def restart() -> None:
-            with self._busy:  # never under a running request: it ends first (the caller declined meanwhile)
-                if self._closed.is_set():
-                    return
-                print(f"inlet server: restarting the warm process ({why})", file=sys.stderr, flush=True)
+    def _restart_worker(self, why: str) -> None:
+        """A restart's thread: a new worker, once the request running (if any) has ended."""
+        with self._busy:  # never under a running request: it ends first (the caller declined meanwhile)
+            if self._closed.is_set():
+                return
+            print(f"inlet server: restarting the warm process ({why})", file=sys.stderr, flush=True)
+            self.worker.close()
+            self.code = code_state()  # before the start: an edit during it restarts again
+            try:
+                self.worker.start()
+                print(f"inlet server: the warm process (pid {self.worker.pid()}) is ready again",
+                      file=sys.stderr, flush=True)
+            except Exception as exc:  # noqa: BLE001 - commands run in their own processes until it works
                 self.worker.close()
-                self.code = code_state()  # before the start: an edit during it restarts again
-                try:
-                    self.worker.start()
-                    print(f"inlet server: the warm process (pid {self.worker.pid()}) is ready again",
-                          file=sys.stderr, flush=True)
-                except Exception as exc:  # noqa: BLE001 - commands run in their own processes until it works
-                    self.worker.close()
-                    print(f"inlet server: the warm process did not start ({type(exc).__name__}: {exc}); commands "
-                          "run in their own processes until the next try", file=sys.stderr, flush=True)
-
-        self._restarting = threading.Thread(target=restart, name="inlet-warm-restart", daemon=True)
-        self._restarting.start()
+                print(f"inlet server: the warm process did not start ({type(exc).__name__}: {exc}); commands "
+                      "run in their own processes until the next try", file=sys.stderr, flush=True)
 
     def _answer(self, conn: socket.socket) -> None:
         stream = conn.makefile("rwb")
