@@ -94,8 +94,8 @@ def _connect(uri: str) -> lancedb.DBConnection:
             bounds = _CACHE_BOUNDS.get(uri)
             session = (lancedb.Session(index_cache_size_bytes=bounds[0], metadata_cache_size_bytes=bounds[1])
                        if bounds else lancedb.Session())
-            db = lancedb.connect(uri, read_consistency_interval=timedelta(0), storage_options=json.loads(key[1]) or None,
-                                 session=session)
+            db = lancedb.connect(uri, read_consistency_interval=timedelta(0),
+                                 storage_options=json.loads(key[1]) or None, session=session)
             _CONNECTIONS[key] = db
         return db
 
