@@ -5,8 +5,9 @@ Also the rows each table gets (pure functions over Arrow tables), index upkeep, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from datetime import datetime
 
 import lancedb
@@ -44,6 +45,9 @@ from store.tables import (
     sql_list,
     tagged_version,
 )
+
+if TYPE_CHECKING:
+    from lance.indices import IndexDescription
 
 _DOC_FIELDS = ["source", "title", "uri", "doc_type", "tags", "access_level", "language", "extra", "expires_at"]
 
@@ -407,9 +411,24 @@ SCALAR_INDEXES = {"access_level": Bitmap, "expires_at": BTree, "chunk_id": BTree
 # pays for itself within a few queries. 64 rows cost a query a few ms; a run that changes a few documents
 # (the 1% scenario adds ~18) still publishes without a fold.
 MAX_UNINDEXED_FULLTEXT = 64
-# Each fold adds a small delta segment to every index; past this many deltas, a fold merges them (never
-# into the base segment built over the whole table: that is the maintenance flow's work).
-MAX_DELTAS = 8
+# A fold adds its rows to an index as a delta segment and merges into it the newest deltas not more than this many
+# times its size (tiered: sizes grow geometrically, so a table keeps a few deltas and a row is rewritten a few
+# times). Never into the base segment built over the whole table: that is the maintenance flow's work.
+# Every segment costs every search a graph search per partition and a prefilter: on a 19.2k-chunk store under
+# the serving load, five small deltas made a hybrid search's LanceDB work 21 ms of CPU, one 13 (bench/README.md,
+# "Under load"); merging five such deltas took 0.2 s, where the former limit of 8 deltas let them pile up.
+DELTA_RATIO = 4
+
+
+def deltas_to_merge(delta_sizes: Sequence[float], pending: float, ratio: float = DELTA_RATIO) -> int:
+    """How many of an index's delta segments (sizes newest first) a fold merges with the pending rows' part."""
+    merged, count = pending, 0
+    for size in delta_sizes:
+        if size > ratio * merged:
+            break
+        merged += size
+        count += 1
+    return count
 
 
 def index_state(table: lancedb.table.Table, column: str) -> tuple[str | None, int, int]:
@@ -427,7 +446,7 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
 
     merge (maintenance): also merge every index's segments into one, however few rows wait, and rebuild the
     full-text index if the store's most common language changed. language: query.fulltext_language.
-    fold_all (live maintenance): fold in every unindexed row as a delta segment, merging only past MAX_DELTAS:
+    fold_all (live maintenance): fold in every unindexed row as a delta segment, merged in tiers (DELTA_RATIO):
     a search scores unindexed rows by scanning them (332 such rows doubled a full-text query, 7 -> 14 ms).
     """
     rows = table.count_rows()
@@ -471,13 +490,22 @@ def fold_in(table: lancedb.table.Table, *, merge_all: bool = False) -> None:
     """
     release_memory()
     by_merge: dict[int, list[str]] = {}  # indexes folded alike go in one call: one table version, not one each
+    rows = {f.metadata.id: f.metadata.physical_rows for f in table.to_lance().get_fragments()}
     for index in table.to_lance().describe_indices():
-        deltas = len(index.segments) - 1
-        by_merge.setdefault(deltas + 1 if merge_all else (deltas if deltas >= MAX_DELTAS else 0), []).append(index.name)
+        merge = len(index.segments) if merge_all else _tiered_merge(table, index, rows)
+        by_merge.setdefault(merge, []).append(index.name)
     for merge, names in sorted(by_merge.items()):
         # to_lance() opens the version this handle is on: each fold commits one, so move the handle after it.
         table.to_lance().optimize.optimize_indices(index_names=names, num_indices_to_merge=merge)
         table.checkout_latest()
+
+
+def _tiered_merge(table: lancedb.table.Table, index: IndexDescription, rows: dict[int, int]) -> int:
+    """How many delta segments of index a fold merges (deltas_to_merge); rows: each fragment's rows, by id."""
+    segments = sorted(index.segments, key=lambda s: s.created_at)  # the oldest is the base
+    # A segment's rows are those of the fragments it covers (bytes would not do: a small segment is mostly overhead).
+    sizes = [sum(rows.get(f, 0) for f in s.fragment_ids) for s in reversed(segments[1:])]
+    return deltas_to_merge(sizes, table.index_stats(index.name).num_unindexed_rows)
 
 
 # The full-text index is named for its tokenizer and language: text_icu_<code>, or text_icu_plain (no stemming,

@@ -103,19 +103,30 @@ def test_the_full_text_index_is_brought_up_to_date_sooner_than_the_others(tmp_pa
     assert refresh_indexes(table, fulltext=True, ann_min_rows=10**9)["fulltext"]["unindexed"] == 0, "past it"
 
 
-def test_deltas_past_the_limit_are_merged_and_maintenance_merges_them_all(tmp_path, monkeypatch):
-    from store.commit import MAX_DELTAS, refresh_indexes
+def test_a_fold_merges_the_newest_deltas_up_to_a_few_times_its_size():
+    from store.commit import deltas_to_merge
+
+    assert deltas_to_merge([], 10) == 0
+    assert deltas_to_merge([10, 10, 10], 10, ratio=4) == 3, "small deltas all go into the new one"
+    assert deltas_to_merge([10, 1_000, 10], 10, ratio=4) == 1, "a large delta stops the merge, older ones wait"
+    assert deltas_to_merge([100], 10, ratio=4) == 0, "a delta far larger than the fold is not rewritten"
+    assert deltas_to_merge([30, 100], 10, ratio=4) == 2, "what merged counts toward the next"
+
+
+def test_folds_keep_few_deltas_and_maintenance_merges_them_all(tmp_path, monkeypatch):
+    from store.commit import refresh_indexes
 
     table = _indexed_table(tmp_path, 1)
     monkeypatch.setattr("store.commit.MAX_UNINDEXED", 0)
-    for n in range(MAX_DELTAS + 3):
+    for n in range(12):
         table.add(pa.table({"id": [f"more-{n}"], "text": [f"later row {n}"]}))
         refresh_indexes(table, fulltext=True, ann_min_rows=10**9)
-        assert _segments(table) <= MAX_DELTAS + 1, f"fold {n}: the deltas were not merged"
-    assert _segments(table) > 1
+        # Folds of one row each: the deltas are merged as they come, so the base and a delta or two remain.
+        assert _segments(table) <= 3, f"fold {n}: the deltas were not merged"
+    assert _segments(table) > 1, "the base segment is not rewritten by a fold"
     coverage = refresh_indexes(table, fulltext=True, ann_min_rows=10**9, merge=True)
-    assert coverage["fulltext"] == {"indexed": 20 + MAX_DELTAS + 3, "unindexed": 0} and _segments(table) == 1
-    assert table.search("later", query_type="fts").limit(100).to_arrow().num_rows == MAX_DELTAS + 3
+    assert coverage["fulltext"] == {"indexed": 32, "unindexed": 0} and _segments(table) == 1
+    assert table.search("later", query_type="fts").limit(100).to_arrow().num_rows == 12
 
 
 def _chunk_rows(ids: list[tuple[str, str]], run_id: str) -> pa.Table:
