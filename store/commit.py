@@ -411,10 +411,6 @@ SCALAR_INDEXES = {"access_level": Bitmap, "expires_at": BTree, "chunk_id": BTree
 # pays for itself within a few queries. 64 rows cost a query a few ms; a run that changes a few documents
 # (the 1% scenario adds ~18) still publishes without a fold.
 MAX_UNINDEXED_FULLTEXT = 64
-# Unindexed rows cost a search per data file too (each is scanned apart, on both sides of a hybrid search): under
-# a live watcher every micro-batch adds one, and 20 files of 1-2 rows each made a hybrid search at 19.2k chunks
-# ~7 ms of CPU dearer (29 vs 20 ms); a fold of such rows takes ~0.04 s. Past this many such files, a run folds.
-MAX_UNINDEXED_FRAGMENTS = 2
 # A fold adds its rows to an index as a delta segment and merges into it the newest deltas not more than this many
 # times its size (tiered: sizes grow geometrically, so a table keeps a few deltas and a row is rewritten a few
 # times). Never into the base segment built over the whole table: that is the maintenance flow's work.
@@ -478,18 +474,11 @@ def refresh_indexes(table: lancedb.table.Table, *, fulltext: bool, ann_min_rows:
         coverage = index_coverage(table)
     limits = {"fulltext": min(MAX_UNINDEXED, MAX_UNINDEXED_FULLTEXT)}
     waiting = any(c["unindexed"] > (0 if merge or fold_all else limits.get(name, MAX_UNINDEXED))
-                  for name, c in coverage.items()) or unindexed_fragments(table) > MAX_UNINDEXED_FRAGMENTS
+                  for name, c in coverage.items())
     if waiting or (merge and any(len(i.segments) > 1 for i in table.to_lance().describe_indices())):
         fold_in(table, merge_all=merge)
         coverage = index_coverage(table)
     return coverage
-
-
-def unindexed_fragments(table: lancedb.table.Table) -> int:
-    """The most data files any one index of table does not cover yet (from the manifest and index metadata)."""
-    files = {f.metadata.id for f in table.to_lance().get_fragments() if f.metadata.num_rows}
-    return max((len(files.difference(*(s.fragment_ids for s in index.segments)))
-                for index in table.to_lance().describe_indices()), default=0)
 
 
 def fold_in(table: lancedb.table.Table, *, merge_all: bool = False) -> None:

@@ -103,21 +103,6 @@ def test_the_full_text_index_is_brought_up_to_date_sooner_than_the_others(tmp_pa
     assert refresh_indexes(table, fulltext=True, ann_min_rows=10**9)["fulltext"]["unindexed"] == 0, "past it"
 
 
-def test_a_run_folds_unindexed_rows_once_they_lie_in_more_than_a_few_files(tmp_path):
-    # Each unindexed data file is scanned apart by every search: a live watcher adds one per micro-batch.
-    from store.commit import MAX_UNINDEXED_FRAGMENTS, refresh_indexes, unindexed_fragments
-
-    table = _indexed_table(tmp_path, 1)
-    for n in range(MAX_UNINDEXED_FRAGMENTS):
-        table.add(pa.table({"id": [f"run-{n}"], "text": [f"row of run {n}"]}))
-        coverage = refresh_indexes(table, fulltext=True, ann_min_rows=10**9)
-        assert coverage["fulltext"]["unindexed"] == n + 1, "a few rows in a few files wait for a later fold"
-    table.add(pa.table({"id": ["one-more"], "text": ["row of one run more"]}))
-    assert unindexed_fragments(table) == MAX_UNINDEXED_FRAGMENTS + 1
-    assert refresh_indexes(table, fulltext=True, ann_min_rows=10**9)["fulltext"]["unindexed"] == 0, "past the limit"
-    assert unindexed_fragments(table) == 0
-
-
 def test_a_fold_merges_the_newest_deltas_up_to_a_few_times_its_size():
     from store.commit import deltas_to_merge
 
