@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import lancedb
 import numpy as np
@@ -414,9 +414,9 @@ MAX_UNINDEXED_FULLTEXT = 64
 # A fold adds its rows to an index as a delta segment and merges into it the newest deltas not more than this many
 # times its size (tiered: sizes grow geometrically, so a table keeps a few deltas and a row is rewritten a few
 # times). Never into the base segment built over the whole table: that is the maintenance flow's work.
-# Every segment costs every search a graph search per partition and a prefilter: on a 19.2k-chunk store under
-# the serving load, five small deltas made a hybrid search's LanceDB work 21 ms of CPU, one 13 (bench/README.md,
-# "Under load"); merging five such deltas took 0.2 s, where the former limit of 8 deltas let them pile up.
+# Every segment costs every search a graph search per partition and a prefilter: on a 19.2k-chunk store served to
+# 32 clients, five small deltas made a request 26.5-33 ms of server CPU, one 19-23 (bench/README.md, "Under
+# load"); merging those five took 0.15 s, where the former limit of 8 deltas let them pile up.
 DELTA_RATIO = 4
 
 
@@ -502,7 +502,8 @@ def fold_in(table: lancedb.table.Table, *, merge_all: bool = False) -> None:
 
 def _tiered_merge(table: lancedb.table.Table, index: IndexDescription, rows: dict[int, int]) -> int:
     """How many delta segments of index a fold merges (deltas_to_merge); rows: each fragment's rows, by id."""
-    segments = sorted(index.segments, key=lambda s: s.created_at)  # the oldest is the base
+    # The oldest is the base. By the table version each was written at: their creation time may be unknown (None).
+    segments = sorted(index.segments, key=lambda s: s.dataset_version_at_last_update)
     # A segment's rows are those of the fragments it covers (bytes would not do: a small segment is mostly overhead).
     sizes = [sum(rows.get(f, 0) for f in s.fragment_ids) for s in reversed(segments[1:])]
     return deltas_to_merge(sizes, table.index_stats(index.name).num_unindexed_rows)
