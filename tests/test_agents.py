@@ -481,6 +481,53 @@ def test_sources_are_counted_per_version_and_clearance(tmp_path, prefect_harness
         assert source.chunks == held > source.documents, f"{clearance}: chunks counted as the table holds them"
 
 
+def test_each_clearance_tally_is_cut_from_one_grouping_of_the_version():
+    # One read of a version serves every clearance: its groups, cut by level and, where rows expire, by the clock.
+    from datetime import UTC, datetime, timedelta
+
+    import pyarrow as pa
+
+    from query.service import _tally_of
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    groups = pa.table({"source": ["a", "a", "a", "b"], "doc_id": ["d1", "d2", "d2", "d3"],
+                       "access_level": ["public", "internal", "public", "confidential"],
+                       "expires_at": pa.array([None, None, now - timedelta(seconds=1), now + timedelta(days=1)],
+                                              pa.timestamp("us", tz="UTC")),
+                       "count_all": [3, 2, 4, 1]})
+    assert _tally_of(groups, "public", None) == ({"a": 7}, {"a": {"d1", "d2"}})
+    assert _tally_of(groups, "public", now) == ({"a": 3}, {"a": {"d1"}}), "an expired group is not counted"
+    assert _tally_of(groups, "internal", now) == ({"a": 5}, {"a": {"d1", "d2"}})
+    assert _tally_of(groups, "confidential", now) == ({"a": 5, "b": 1}, {"a": {"d1", "d2"}, "b": {"d3"}})
+    assert _tally_of(groups, "confidential", now + timedelta(days=2))[0] == {"a": 5}, "expired once its time passed"
+
+
+def test_the_servers_runs_history_sees_new_rows_rewritten_rows_and_a_table_made_anew(tmp_path):
+    # A server reads only the runs rows written since its last read: a new run, a gate rewritten by a publish by
+    # hand, and a runs table dropped and made anew (its row ids start again) must each show as the table holds them.
+    import lancedb
+
+    from flows.publishing import record_rollback
+    from query.history import RunsHistory
+    from store.tables import open_runs_table
+
+    db = lancedb.connect(tmp_path / "lancedb")
+    runs = open_runs_table(db)
+    for n in (1, 2):
+        record_rollback(runs, f"r{n}", "x", {"chunks": n}, n, None)
+    history = RunsHistory()
+    listed = history.read(runs, None, "chunks")
+    assert [(e["run_id"], e["chunks_version"], e["gate"]) for e in listed] == [("r1", 1, None), ("r2", 2, None)]
+    record_rollback(runs, "r3", "x", {"chunks": 3}, 3, None)
+    runs.update(where="run_id = 'r1'", values={"gate": "published by hand"})
+    listed = history.read(runs, None, "chunks")
+    assert [(e["run_id"], e["gate"]) for e in listed] == [("r1", "published by hand"), ("r2", None), ("r3", None)]
+    db.drop_table(runs.name)
+    runs = open_runs_table(db)
+    record_rollback(runs, "r9", "x", {"chunks": 9}, 9, None)
+    assert [e["run_id"] for e in history.read(runs, None, "chunks")] == ["r9"], "no row of the dropped table kept"
+
+
 def test_sources_are_counted_again_once_a_row_expires_and_runs_once_a_run_lands(tmp_path, prefect_harness,
                                                                                  monkeypatch):
     # A version whose rows expire keeps its tally only until the next of them expires; the runs history is
