@@ -252,7 +252,8 @@ class Running:
 
 
 @pytest.fixture
-def watching(corpus, write_config) -> Iterator[Callable[..., Running]]:
+def watching() -> Iterator[Callable[..., Running]]:
+    """Start watch loops in threads; each is stopped when the test ends."""
     started: list[Running] = []
 
     def start(config: Path, **options: object) -> Running:
@@ -421,8 +422,8 @@ def test_each_micro_batch_is_a_flow_run_with_every_stage_a_task_run_on_a_real_se
     try:
         assert watcher.next("ready")["events"] is True
         assert watcher.next()["docs_new"] == 1
-        faq = corpus / "guides" / "boat-maintenance.md"
-        faq.write_text(faq.read_text() + f"\nThe {WORD} calls at the fuel dock.\n")
+        guide = corpus / "guides" / "boat-maintenance.md"
+        guide.write_text(guide.read_text() + f"\nThe {WORD} calls at the fuel dock.\n")
         edit = watcher.next()
         assert edit["why"] == ["events"] and edit["docs_changed"] == 1 and edit["error"] is None
     finally:
