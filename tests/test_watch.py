@@ -320,7 +320,9 @@ def test_the_worker_starts_with_the_lean_memory_switches_unless_the_environment_
     assert load_config(write_config(corpus)).watch.worker_env == LEAN_MEMORY_ENV, "on by default"
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     monkeypatch.setenv("INLET_TEST_SWITCH", "the user's")
-    config = write_config(corpus, watch={"worker_env": {"MALLOC_ARENA_MAX": "2", "INLET_TEST_SWITCH": "config's"}})
+    # Nor is validation the point: without it the worker neither imports nor warms great-expectations (~5 s of CPU).
+    config = write_config(corpus, watch={"worker_env": {"MALLOC_ARENA_MAX": "2", "INLET_TEST_SWITCH": "config's"}},
+                          quality={"enabled": False})
     w = watching(config, events=False)
     env = psutil.Process(w.info["worker_pid"]).environ()
     assert env["MALLOC_ARENA_MAX"] == "2" and env["INLET_TEST_SWITCH"] == "the user's"
@@ -328,7 +330,8 @@ def test_the_worker_starts_with_the_lean_memory_switches_unless_the_environment_
 
 def test_a_second_watcher_on_the_same_store_is_refused_at_once(prefect_harness, markdown_corpus, write_config,
                                                                watching):
-    config = write_config(markdown_corpus)
+    # The store's lock is the point, not validation: the first watcher's worker need not load great-expectations.
+    config = write_config(markdown_corpus, quality={"enabled": False})
     watching(config)
     with pytest.raises(StoreBusyError, match="already watched"):
         watch_loop(config, stop=threading.Event())
