@@ -56,7 +56,7 @@ $(STAMP): pyproject.toml constraints.txt $(MODEL_FILES)
 # machines, Python writes no byte-code, so every process (each `inlet` command, watcher worker, test worker and the
 # processes the tests start) compiled each of our modules it imports again: 0.29 s of CPU per process here (3.83 ->
 # 3.54 s to import the ingest flow, the watcher's worker and the CLI; 6 runs each). Only changed files are compiled.
-SOURCES := inlet flows tasks schemas query providers store runtime tests
+SOURCES := inlet flows tasks schemas query providers store runtime tests  # pyproject.toml's packages, and the tests
 bytecode: setup
 	@$(PY) -m compileall -q -j 0 $(SOURCES)
 
