@@ -219,7 +219,13 @@ def _html_title(text: str) -> str | None:
 _XML_DECLARATION = re.compile(r"\A\s*<\?xml[^>]*\?>")
 
 
-def _partition(kind: str, data: bytes, text: str | None, cfg: ExtractionConfig) -> list:
+# unstructured's `languages=[""]`: no language detection (its documented switch). Its langdetect pass over each
+# document's whole text only fills elements' metadata.languages, which Inlet never reads: a document's language is
+# the source's or Inlet's own detection (tasks/metadata.py). It was ~13% of an HTML page's partition CPU (py-spy).
+NO_DETECTION = [""]
+
+
+def partition_elements(kind: str, data: bytes, text: str | None, cfg: ExtractionConfig) -> list:
     """Run unstructured's partitioner for kind over the bytes (PDF, DOCX) or the decoded text."""
     import io
 
@@ -230,11 +236,11 @@ def _partition(kind: str, data: bytes, text: str | None, cfg: ExtractionConfig) 
     if kind == ".docx":
         from unstructured.partition.docx import partition_docx
 
-        return partition_docx(file=io.BytesIO(data))
+        return partition_docx(file=io.BytesIO(data), languages=NO_DETECTION)
     if kind == ".html":
         from unstructured.partition.html import partition_html
 
-        return partition_html(text=clean_html(text))
+        return partition_html(text=clean_html(text), languages=NO_DETECTION)
     if kind == ".xml":
         from unstructured.partition.html import partition_html
         from unstructured.partition.xml import partition_xml
@@ -242,9 +248,9 @@ def _partition(kind: str, data: bytes, text: str | None, cfg: ExtractionConfig) 
         # The text is decoded already: a declaration naming its old encoding would make lxml refuse it.
         text = _XML_DECLARATION.sub("", text, count=1)
         try:
-            return partition_xml(text=text)
+            return partition_xml(text=text, languages=NO_DETECTION)
         except Exception:  # noqa: BLE001 - malformed XML: the lenient HTML parser still finds its text
-            return partition_html(text=text)
+            return partition_html(text=text, languages=NO_DETECTION)
     from unstructured.partition.text import partition_text
 
     return partition_text(text=text, languages=["eng"])
@@ -307,7 +313,8 @@ def _classify_failure(exc: Exception, kind: str) -> ExtractionError:
 def _pdf_rows(doc_id: str, data: bytes, cfg: ExtractionConfig) -> list[dict]:
     reader, damage = open_pdf(data)
     try:
-        rows = [r for i, e in enumerate(_partition(".pdf", data, None, cfg)) if (r := element_row(doc_id, i, e))]
+        elements = partition_elements(".pdf", data, None, cfg)
+        rows = [r for i, e in enumerate(elements) if (r := element_row(doc_id, i, e))]
     except Exception as exc:  # noqa: BLE001 - pdfminer failed: pypdf may still read the text layer
         rows, damage = [], damage or f"{type(exc).__name__}: {exc}"[:300]
     if not rows and reader is not None:
@@ -384,7 +391,8 @@ def _extract_bytes(doc_id: str, name: str, data: bytes, cfg: ExtractionConfig) -
         rows = _pdf_rows(doc_id, data, cfg)
     else:
         try:
-            rows = [r for i, e in enumerate(_partition(kind, data, text, cfg)) if (r := element_row(doc_id, i, e))]
+            elements = partition_elements(kind, data, text, cfg)
+            rows = [r for i, e in enumerate(elements) if (r := element_row(doc_id, i, e))]
         except ExtractionError:
             raise
         except Exception as exc:  # any parser failure quarantines this one document

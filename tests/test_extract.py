@@ -14,6 +14,7 @@ from tasks.extract import (
     SpacyModelMissingError,
     extract_document,
     extract_isolated,
+    partition_elements,
     partitioners_ready,
     require_spacy_model,
     split_front_matter,
@@ -52,6 +53,16 @@ def test_docx_headings_tables_and_lists():
     assert ("heading", 1, "Membership handbook") in kinds and ("heading", 2, "Volunteer duties") in kinds
     assert any(k == "table" and "Junior (under 18) | 90 euros | no" in t for k, _, t in kinds)
     assert any(k == "list" for k, _, _ in kinds)
+
+
+@pytest.mark.parametrize("doc", ["policies/safety-policy.html", "handbook/membership-handbook.docx"])
+def test_unstructured_detects_no_language_inlet_would_not_read(doc):
+    # Its langdetect pass over each document only fills metadata.languages (~10% of an HTML page's partition).
+    data = (SAMPLE / doc).read_bytes()
+    kind = "." + doc.rsplit(".", 1)[1]
+    text = decode_text(data) if kind == ".html" else None
+    elements = partition_elements(kind, data, text, CFG)
+    assert elements and all(e.metadata.languages is None for e in elements)
 
 
 def test_pdf_with_empty_user_password_opens_with_page_numbers():
