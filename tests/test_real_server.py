@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from uuid import UUID
 
@@ -29,27 +30,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A Prefect server with its own database; yields the environment that points a process at it."""
+@contextmanager
+def prefect_server(folder: Path) -> Iterator[dict[str, str]]:
+    """A Prefect server with its own database in folder; yields the environment that points a process at it."""
     port = _free_port()
     # Every service on, as a user's server has it: the session's test server turns some off (tests/conftest.py).
     user_env = {k: v for k, v in os.environ.items() if k not in UNREAD_SERVICES}
-    env = {**user_env, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_API_HOST": "127.0.0.1",
+    env = {**user_env, "PREFECT_HOME": str(folder / "prefect-home"), "PREFECT_SERVER_API_HOST": "127.0.0.1",
            "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    log = (tmp_path / "server.log").open("w")
+    log = (folder / "server.log").open("w")
     proc = subprocess.Popen([*PREFECT, "server", "start"], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
-        time.sleep(0.5)
+    with httpx.Client(timeout=2) as http:  # one client: each new one builds an SSL context (~60 ms of CPU)
+        while True:
+            try:
+                if http.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (folder / "server.log").read_text()[-3000:]
+            time.sleep(0.5)
     client_env = {k: v for k, v in env.items() if not k.startswith("PREFECT_SERVER_API_")}
     try:
         yield {**client_env, "PREFECT_API_URL": url}
@@ -57,6 +59,13 @@ def server(tmp_path: Path) -> Iterator[dict[str, str]]:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """One server for this file's tests (~10 s of CPU to start each): each reads back its own flow run, by its id."""
+    with prefect_server(tmp_path_factory.mktemp("prefect-server")) as env:
+        yield env
 
 
 def _prefect(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -158,7 +158,11 @@ def test_workers_given_batches_that_share_texts_pay_for_each_distinct_text_once(
                               enrichment={"provider": "gemini", "kind": "questions", "base_url": server.base_url},
                               embedding={"kind": "gemini", "dim": 32, "base_url": server.base_url},
                               execution={"batch_docs": 1, "workers": 2, "task_runner": runner,
-                                         "commit_rows": 100_000})
+                                         "commit_rows": 100_000},
+                              # What each worker pays the model is the point: without validation the four workers
+                              # neither import nor warm great-expectations (~5 s of CPU each). The two tests above
+                              # validate in such workers.
+                              quality={"enabled": False})
         summary = ingest(config_path=str(config))
         chunks = lancedb.connect(str(load_config(config).store.uri)).open_table("chunks").to_arrow()
         enrich_keys, embed_keys = set(chunks["enrich_key"].to_pylist()), set(chunks["embed_key"].to_pylist())

@@ -24,9 +24,13 @@ from runtime.watch import Pending, Schedule
 from schemas.config import LEAN_MEMORY_ENV, load_config
 from schemas.errors import ConfigError, StoreBusyError
 from store.maintenance import LIVE_FLOOR_ROWS, LIVE_MAX_FRAGMENTS, LIVE_MAX_ROWS, live_exclusions, thinned_tags
-from tests.test_real_server import BATCH_STAGES, _read_settled, _stage_counts, server  # noqa: F401 - a fixture
+from tests.test_real_server import BATCH_STAGES, _read_settled, _stage_counts, prefect_server
 
 ROOT = Path(__file__).resolve().parent.parent
+# Validation off where it is not what a test asserts (which runs, what they found, the worker's environment, the
+# store's lock): each watcher worker then neither imports nor warms great-expectations (~5 s of CPU a process, taken
+# from the tests beside it). The watcher's runs on a real server keep it on: their validate stage is counted there.
+NOT_THE_POINT = {"enabled": False}
 WORD = "quokkaferry"  # in no sample document
 
 
@@ -268,7 +272,7 @@ def watching() -> Iterator[Callable[..., Running]]:
 def test_a_new_file_an_edit_and_a_delete_are_each_searchable_after_their_own_micro_batch(
         prefect_harness, markdown_corpus, write_config, watching):
     corpus = markdown_corpus  # formats play no part: a PDF would start extraction workers in the watcher's worker
-    config = write_config(corpus, watch={"settle_ms": 50})
+    config = write_config(corpus, watch={"settle_ms": 50}, quality=NOT_THE_POINT)
     w = watching(config)
     _wait(lambda: len(w.ingested()) >= 1, why="the start's reconciliation")
     assert w.ingested()[0]["why"] == ["reconcile"] and w.ingested()[0]["docs_new"] == 1
@@ -303,7 +307,7 @@ def test_with_events_off_the_reconciliation_crawl_alone_converges(prefect_harnes
     corpus = markdown_corpus
     gone = corpus / "guides" / "tides.md"
     gone.write_text("# Tides\n\nHigh water at the north pontoon comes an hour after the harbour's.\n", encoding="utf-8")
-    config = write_config(corpus, watch={"reconcile_s": 1, "events": True})
+    config = write_config(corpus, watch={"reconcile_s": 1, "events": True}, quality=NOT_THE_POINT)
     w = watching(config, events=False)
     _wait(lambda: len(w.ingested()) >= 1, why="the start's reconciliation")
     assert w.ingested()[0]["docs_new"] == 2
@@ -320,9 +324,8 @@ def test_the_worker_starts_with_the_lean_memory_switches_unless_the_environment_
     assert load_config(write_config(corpus)).watch.worker_env == LEAN_MEMORY_ENV, "on by default"
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     monkeypatch.setenv("INLET_TEST_SWITCH", "the user's")
-    # Nor is validation the point: without it the worker neither imports nor warms great-expectations (~5 s of CPU).
     config = write_config(corpus, watch={"worker_env": {"MALLOC_ARENA_MAX": "2", "INLET_TEST_SWITCH": "config's"}},
-                          quality={"enabled": False})
+                          quality=NOT_THE_POINT)
     w = watching(config, events=False)
     env = psutil.Process(w.info["worker_pid"]).environ()
     assert env["MALLOC_ARENA_MAX"] == "2" and env["INLET_TEST_SWITCH"] == "the user's"
@@ -330,8 +333,7 @@ def test_the_worker_starts_with_the_lean_memory_switches_unless_the_environment_
 
 def test_a_second_watcher_on_the_same_store_is_refused_at_once(prefect_harness, markdown_corpus, write_config,
                                                                watching):
-    # The store's lock is the point, not validation: the first watcher's worker need not load great-expectations.
-    config = write_config(markdown_corpus, quality={"enabled": False})
+    config = write_config(markdown_corpus, quality=NOT_THE_POINT)
     watching(config)
     with pytest.raises(StoreBusyError, match="already watched"):
         watch_loop(config, stop=threading.Event())
@@ -407,6 +409,13 @@ class Watch:
         return self.proc.wait(60)
 
 
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A real Prefect server of each test's own: a watcher starting reads every watch- run its server holds."""
+    with prefect_server(tmp_path) as env:
+        yield env
+
+
 async def _watch_runs(url: str) -> list:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
@@ -417,7 +426,7 @@ async def _watch_runs(url: str) -> list:
             return await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_="watch-")))
 
 
-def test_each_micro_batch_is_a_flow_run_with_every_stage_a_task_run_on_a_real_server(server,  # noqa: F811
+def test_each_micro_batch_is_a_flow_run_with_every_stage_a_task_run_on_a_real_server(server,
                                                                                         markdown_corpus, write_config):
     corpus = markdown_corpus  # every stage runs for Markdown too; a PDF would start extraction workers in the worker
     config = write_config(corpus, watch={"settle_ms": 50})
@@ -464,7 +473,7 @@ def _published_events(url: str) -> list[dict]:
 
 
 def test_a_worker_killed_mid_commit_is_replaced_and_a_killed_watcher_restarted_loses_nothing_and_repays_nothing(
-        server, markdown_corpus, write_config):  # noqa: F811
+        server, markdown_corpus, write_config):
     import psutil
 
     from store.tables import connect
@@ -472,7 +481,7 @@ def test_a_worker_killed_mid_commit_is_replaced_and_a_killed_watcher_restarted_l
     # Orchestration is the point, not the formats: a Markdown corpus is read in the worker's own process, so none of
     # its three workers (the killed one, its replacement, the second watcher's) starts extraction workers.
     corpus = markdown_corpus
-    config = write_config(corpus, watch={"settle_ms": 50})
+    config = write_config(corpus, watch={"settle_ms": 50}, quality=NOT_THE_POINT)
     first = Watch(server, config, INLET_FAILPOINT="chunks-committed@2")  # the worker's second commit kills it
     first.next("ready")
     first.next()
