@@ -1,10 +1,14 @@
-"""bench/fusion.py: the leave-one-set-out choice, which may not lower the shipped embedder's mean below the reference."""
+"""bench/fusion.py: the leave-one-set-out choice, which may not lower the shipped embedder's mean below the reference;
+bench/fusion_runs.py: the cross-lingual pairs it evaluates."""
 
 from __future__ import annotations
 
-import numpy as np
+import json
 
-from bench import fusion  # bench/ is a folder of scripts on the project root, importable as a namespace package
+import numpy as np
+import pytest
+
+from bench import fusion, fusion_runs  # bench/ is a folder of scripts on the project root: a namespace package
 
 
 def _row(vector: float, fulltext: float, **methods: float) -> dict[str, np.ndarray]:
@@ -46,3 +50,39 @@ def test_each_embedders_fusion_is_fitted_on_its_own_rows_of_the_other_sets_only(
     assert fusion.leave_one_out_by_embedder(table, [low, ref])[-1] | {"fitted_on": None} == {
         "held_out": "c [static]", "chosen": ref, "fitted_on": None, "ndcg@10": 0.4, "gain_over_better_side": -0.2,
         "embedder": "static"}, "c's own static row (where low wins) does not decide its choice"
+
+
+def _beir(folder, lang: str, docs: list[str], questions: dict[str, str]) -> None:
+    """One language's BEIR folder in XQuAD-R's layout: ids prefixed with the language, question i judged on doc i."""
+    (folder / lang / "qrels").mkdir(parents=True)
+    docs_lines = [json.dumps({"_id": f"{lang}-{i}", "title": "", "text": d}) for i, d in enumerate(docs)]
+    (folder / lang / "corpus.jsonl").write_text("\n".join(docs_lines) + "\n", encoding="utf-8")
+    question_lines = [json.dumps({"_id": f"{lang}-{q}", "text": t}) for q, t in questions.items()]
+    (folder / lang / "queries.jsonl").write_text("\n".join(question_lines) + "\n", encoding="utf-8")
+    (folder / lang / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{lang}-{q}\t{lang}-{i}\t1\n" for i, q in enumerate(questions)), encoding="utf-8")
+
+
+def test_a_cross_lingual_pair_asks_one_languages_questions_of_the_same_paragraphs_in_another(tmp_path):
+    from flows.eval import load_dataset
+
+    _beir(tmp_path / "xquad-r", "en", ["The ferry leaves at nine.", "Tides turn at noon."],
+          {"q0": "When does the ferry leave?", "q1": "When do tides turn?"})
+    _beir(tmp_path / "xquad-r", "de", ["Die Fähre fährt um neun.", "Die Gezeiten kehren mittags."],
+          {"q0": "Wann fährt die Fähre?", "q1": "Wann kehren die Gezeiten?"})
+    fusion_runs.cross_lingual_sets(tmp_path / "xquad-r", tmp_path / "pairs", (("en", "de"),))
+    pair = load_dataset(tmp_path / "pairs" / "xquad-x" / "en-de")
+    assert pair.queries == {"en-q0": "When does the ferry leave?", "en-q1": "When do tides turn?"}
+    assert pair.qrels == {"en-q0": {"de-0": 1}, "en-q1": {"de-1": 1}}, "each question judged on its paragraph in German"
+    assert {d["_id"]: d["text"] for d in pair.documents}["de-0"] == "Die Fähre fährt um neun."
+    assert fusion.earlier_set("xquad-r/de")
+    assert not fusion.earlier_set("xquad-x/en-de") and not fusion.earlier_set("fiqa"), "not among the 15 sets"
+
+
+def test_a_judgement_on_a_paragraph_of_another_language_is_refused_naming_the_file(tmp_path):
+    _beir(tmp_path / "xquad-r", "en", ["a"], {"q0": "b"})
+    _beir(tmp_path / "xquad-r", "de", ["c"], {"q0": "d"})
+    qrels = tmp_path / "xquad-r" / "en" / "qrels" / "test.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\nen-q0\tde-0\t1\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="test.tsv: judged document 'de-0' is not of language 'en'"):
+        fusion_runs.cross_lingual_sets(tmp_path / "xquad-r", tmp_path / "pairs", (("en", "de"),))
