@@ -38,20 +38,23 @@ CROSS_PREFIX = "xquad-x"
 def cross_lingual_sets(xquad: Path, into: Path, pairs: tuple[tuple[str, str], ...] = CROSS_LINGUAL) -> Path:
     """Write BEIR folders into/xquad-x/<q>-<p>: the paragraphs of language p, the questions of language q, and q's
     judgements pointed at the same paragraph in p (XQuAD-R's ids differ only by their language prefix); return into."""
+    needed = [xquad / lang / name for q, p in pairs for lang, name in
+              ((p, "corpus.jsonl"), (q, "queries.jsonl"), (q, "qrels/test.tsv"))]
+    if missing := [str(path) for path in needed if not path.is_file()]:
+        raise ValueError(f"missing for the cross-lingual pairs: {', '.join(dict.fromkeys(missing))}")
     for q, p in pairs:
         folder = into / CROSS_PREFIX / f"{q}-{p}"
         (folder / "qrels").mkdir(parents=True, exist_ok=True)
         (folder / "corpus.jsonl").write_bytes((xquad / p / "corpus.jsonl").read_bytes())
         (folder / "queries.jsonl").write_bytes((xquad / q / "queries.jsonl").read_bytes())
-        header, *lines = (xquad / q / "qrels" / "test.tsv").read_text(encoding="utf-8").splitlines()
+        qrels = xquad / q / "qrels" / "test.tsv"
+        header, *lines = qrels.read_text(encoding="utf-8").splitlines()
         moved = []
-        for line in lines:
-            query, doc, score = line.split("\t")
-            lang, rest = doc.split("-", 1)
-            if lang != q:
-                msg = f"{xquad / q / 'qrels' / 'test.tsv'}: judged document {doc!r} is not of language {q!r}"
-                raise ValueError(msg)
-            moved.append(f"{query}\t{p}-{rest}\t{score}")
+        for number, line in enumerate(lines, 2):
+            query, doc, score = (line.split("\t") + ["", "", ""])[:3]
+            if not doc.startswith(f"{q}-"):
+                raise ValueError(f"{qrels}:{number}: judged document {doc!r} is not of language {q!r}")
+            moved.append(f"{query}\t{p}-{doc.removeprefix(f'{q}-')}\t{score}")
         (folder / "qrels" / "test.tsv").write_text("\n".join([header, *moved]) + "\n", encoding="utf-8")
     return into
 
@@ -81,9 +84,10 @@ def main() -> None:
     if not args.sets.is_dir():
         sys.exit(f"{args.sets}: no eval sets here (../shared/corpora/eval)")
     if args.cross_lingual:
-        if not (args.sets / "xquad-r").is_dir():
-            sys.exit(f"{args.sets / 'xquad-r'}: no XQuAD-R folders here to pair across languages")
-        args.sets = cross_lingual_sets(args.sets / "xquad-r", args.workdir / "_pairs")
+        try:
+            args.sets = cross_lingual_sets(args.sets / "xquad-r", args.workdir / "_pairs")
+        except ValueError as exc:
+            sys.exit(str(exc))
     report = evaluate(dataset=str(args.sets), workdir=str(args.workdir), max_queries=args.max_queries,
                       keep_runs=True, variants=variants(kinds))
     for check in report["checks"]:

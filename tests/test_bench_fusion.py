@@ -79,10 +79,15 @@ def test_a_cross_lingual_pair_asks_one_languages_questions_of_the_same_paragraph
     assert not fusion.earlier_set("xquad-x/en-de") and not fusion.earlier_set("fiqa"), "not among the 15 sets"
 
 
-def test_a_judgement_on_a_paragraph_of_another_language_is_refused_naming_the_file(tmp_path):
+def test_a_wrong_or_missing_file_is_refused_naming_it(tmp_path):
     _beir(tmp_path / "xquad-r", "en", ["a"], {"q0": "b"})
     _beir(tmp_path / "xquad-r", "de", ["c"], {"q0": "d"})
     qrels = tmp_path / "xquad-r" / "en" / "qrels" / "test.tsv"
     qrels.write_text("query-id\tcorpus-id\tscore\nen-q0\tde-0\t1\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="test.tsv: judged document 'de-0' is not of language 'en'"):
+    with pytest.raises(ValueError, match="test.tsv:2: judged document 'de-0' is not of language 'en'"):
         fusion_runs.cross_lingual_sets(tmp_path / "xquad-r", tmp_path / "pairs", (("en", "de"),))
+    qrels.write_text("query-id\tcorpus-id\tscore\nen-q0\n", encoding="utf-8")  # a line cut short
+    with pytest.raises(ValueError, match="test.tsv:2: judged document '' is not of language 'en'"):
+        fusion_runs.cross_lingual_sets(tmp_path / "xquad-r", tmp_path / "pairs", (("en", "de"),))
+    with pytest.raises(ValueError, match=r"missing for the cross-lingual pairs: .*xquad-r/ru/corpus.jsonl"):
+        fusion_runs.cross_lingual_sets(tmp_path / "xquad-r", tmp_path / "pairs", (("en", "ru"),))
