@@ -24,6 +24,7 @@ cores with nothing changed).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -42,6 +43,7 @@ import providers  # noqa: E402,F401 - offline switches first
 from providers.embedders import E5_FINGERPRINT  # noqa: E402
 from query.search import search, warm  # noqa: E402
 from schemas.arrow import chunk_rows_schema  # noqa: E402
+from schemas.config import EMBEDDER_FUSION  # noqa: E402
 from store.commit import refresh_indexes  # noqa: E402
 from store.tables import connect  # noqa: E402
 
@@ -49,9 +51,10 @@ DIM = 384
 CORPUS = ROOT.parent / "shared" / "corpora" / "markdown"
 RESULTS = ROOT / "bench" / "results"
 FINGERPRINTS = {"hashing": f"hashing-v1:dim={DIM}", "e5": E5_FINGERPRINT}
-# The shipped embedder's fusion, set outright: hybrid over the hashing embedder alone is full-text's (schemas/config.py
-# EMBEDDER_FUSION), and the hashing stand-in is here to time both sides as an e5 store's hybrid search runs them.
-E5_FUSION = {"vector_weight": 0.5, "fulltext_weight": 0.5, "agreement": 0.0}
+# The shipped embedder's fusion (weights and temperature), set outright: hybrid over the hashing embedder alone is
+# full-text's (schemas/config.py EMBEDDER_FUSION), and the hashing stand-in is here to time both sides as an e5
+# store's hybrid search runs them.
+E5_FUSION = dataclasses.asdict(EMBEDDER_FUSION["e5"])
 
 
 def paragraphs(limit: int = 20_000) -> list[str]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import multiprocessing as mp
@@ -490,7 +491,9 @@ def load_main(args: argparse.Namespace) -> None:
         # Every other serving setting as shipped (600/minute a key), unless --concurrency says otherwise.
         spec["serving"] = {"api_keys": "keys.yaml", **({"concurrency": args.concurrency} if args.concurrency else {})}
         # Hybrid as over e5 (both sides), whatever the embedder: over the hashing embedder alone it is full-text's.
-        spec["query"] = {**spec.get("query", {}), "vector_weight": 0.5, "fulltext_weight": 0.5, "agreement": 0.0}
+        from schemas.config import EMBEDDER_FUSION
+
+        spec["query"] = {**spec.get("query", {}), **dataclasses.asdict(EMBEDDER_FUSION["e5"])}
         config.write_text(yaml.safe_dump(spec), encoding="utf-8")
         queries = _queries(config.parent / "corpus", 400)
         watcher = Watcher(config, env, work / "watch.log")

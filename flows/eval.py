@@ -274,7 +274,7 @@ def score_variant(runs: dict[str, QueryRun], data: Dataset, set_name: str, varia
     rows = [_row(set_name, variant, mode, [values[mode]]) for mode in [*(m for m in modes if m != "hybrid"), "default"]]
     for weights in (sweep or []) if "hybrid" in modes else []:
         fusion = {"method": qcfg.fusion, "vector_weight": weights[0], "fulltext_weight": weights[1],
-                  "rrf_k": qcfg.rrf_k, "agreement": qcfg.agreement}
+                  "rrf_k": qcfg.rrf_k, "agreement": qcfg.agreement, "temperature": qcfg.temperature}
         rows.append(_row(set_name, variant, "hybrid", [per_query(runs, data, "hybrid", k_chunks, k, fusion)],
                          weights=list(weights)))
     return rows, values, {"set": set_name, "variant": variant, **default_check(values)}
@@ -380,11 +380,13 @@ def publish_report(report: dict, root: Path) -> Path:
     return out
 
 
-# Fusions calibration chooses among: z-score fusion at vector weights 0 (full-text only) to 1 (vector only), and RRF;
-# fixed weights (agreement 0), since a user's judged questions say which side to trust better than any signal.
+# Fusions calibration chooses among: z-score fusion at vector weights 0 (full-text only) to 1 (vector only), at
+# temperature 0 (plain z-scores) and 4 (e5's own: query/fusion.py), and RRF; fixed weights (agreement 0), since a user's
+# judged questions say which side to trust better than any signal.
 CALIBRATION_GRID = [{"method": "zscore", "vector_weight": w / 10, "fulltext_weight": round(1 - w / 10, 1),
-                     "agreement": 0.0} for w in range(11)] + [
-                        {"method": "rrf", "vector_weight": 1.0, "fulltext_weight": 1.0, "agreement": 0.0}]
+                     "agreement": 0.0, "temperature": t} for t in (0.0, 4.0) for w in range(11)] + [
+                        {"method": "rrf", "vector_weight": 1.0, "fulltext_weight": 1.0, "agreement": 0.0,
+                         "temperature": 0.0}]
 
 
 def _fusion(params: dict, rrf_k: int) -> dict:
@@ -436,7 +438,8 @@ def calibrate(questions: str, config_path: str = str(DEFAULT_CONFIG), workdir: s
     yaml_text = yaml.safe_dump({"query": {"mode": "hybrid", "fusion": chosen["method"],
                                           "vector_weight": chosen["vector_weight"],
                                           "fulltext_weight": chosen["fulltext_weight"],
-                                          "agreement": chosen["agreement"]}}, sort_keys=False)
+                                          "agreement": chosen["agreement"],
+                                          "temperature": chosen["temperature"]}}, sort_keys=False)
     report = {"questions": len(runs), "folds": min(folds, len(runs)), "chosen": chosen, "yaml": yaml_text,
               "before": interval([before]), "after": interval([fit["after"]]),
               "gain": interval([fit["after"] - before]), "fitted": interval([fit["fitted"]])}

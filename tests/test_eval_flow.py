@@ -99,7 +99,8 @@ def test_the_default_row_is_what_query_search_returns(beir, tmp_path, write_conf
     shipped = cfg.query.for_embedder(cfg.embedding.kind)  # the fusion search runs over this store
     hybrid = per_query(runs, data, "hybrid", 30, fusion={"method": shipped.fusion, "vector_weight": shipped.vector_weight,
                                                           "fulltext_weight": shipped.fulltext_weight, "rrf_k": 60,
-                                                          "agreement": shipped.agreement})
+                                                          "agreement": shipped.agreement,
+                                                          "temperature": shipped.temperature})
     default = _rows(report, set="birds")[("default", ())]
     assert default["ndcg@10"] == pytest.approx(float(hybrid["ndcg@10"].mean()), abs=1e-4), \
         "the shipped default (zscore hybrid) equals the fusion scored on the sides' candidates"

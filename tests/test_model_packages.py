@@ -80,9 +80,27 @@ def test_e5_loads_offline_and_puts_each_question_nearest_its_answer_in_four_lang
                           text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["fingerprints"] == ["multilingual-e5-small-q4:dim=384", "multilingual-e5-small-q4:dim=384:task=query"]
+    assert report["fingerprints"] == ["multilingual-e5-small-q4:dim=384",
+                                      "multilingual-e5-small-q4:dim=384:task=query:passage-from=64"]
     for (question, *_), (answer, other) in zip(PAIRS, report["scores"], strict=True):
         assert answer > other, question
+
+
+@pytest.mark.slow  # loads e5: ~5 s, in `make test`, not in test-fast
+def test_e5_reads_a_passage_long_query_as_a_passage_and_a_question_as_a_query():
+    from providers.embedders import E5Embedder
+
+    query, passage = E5Embedder("query"), E5Embedder("passage")
+    question = "When was the harbour wall rebuilt after the storm?"
+    sentence = "The harbour wall was rebuilt in 1887 after the great storm had breached it twice."
+    short, long = " ".join([sentence] * 2), " ".join([sentence] * 4)  # 45 and 87 tokens with "query: "
+    assert query.read_as([question, short, long]) == ["query", "query", "passage"]
+    assert passage.read_as([question]) == ["passage"], "documents are always passages"
+    mixed = query.embed([question, long, short])
+    np.testing.assert_allclose(mixed[1], passage.embed([long])[0], atol=1e-6)
+    np.testing.assert_allclose(mixed[[0, 2]], query.embed([question, short]), atol=1e-6,
+                               err_msg="batching changes nothing")
+    assert float(mixed[0] @ passage.embed([question])[0]) < 0.999, "a question is read as a query"
 
 
 @pytest.mark.slow  # loads e5 and embeds a 512-token window twice: ~5 s, in `make test`, not in test-fast

@@ -109,6 +109,24 @@ def test_zscore_fusion_follows_the_side_whose_best_hit_stands_out_where_rrf_does
     assert missing["b"] == pytest.approx(-1.0 + -1.0), "b: its own side's -1, and the other side's lowest z, -1"
 
 
+def test_at_a_temperature_a_hit_far_above_its_side_outranks_one_both_sides_find_fair():
+    from query.fusion import fuse_sides, ranked, standardised, tempered, zscore_fusion
+
+    # Vector: "b" stands far above 18 evenly spread cosines (3.8 deviations), "a" among them (0.7). Full-text: "a"
+    # tops an even spread of partial matches (1.6), "b" not matched at all (the side's lowest, -1.65).
+    vec = sorted([("b", 0.95), ("a", 0.62), *((f"v{i:02d}", 0.60 - 0.01 * i) for i in range(18))], key=lambda x: -x[1])
+    ft = sorted([("a", 8.2), *((f"f{i:02d}", 8.0 - 0.3 * i) for i in range(19))], key=lambda x: -x[1])
+    assert ranked(zscore_fusion(vec, ft, 0.5, 0.5))[:2] == ["a", "b"], "plain z-scores: the fair-on-both hit first"
+    assert ranked(zscore_fusion(vec, ft, 0.5, 0.5, 4.0))[:2] == ["b", "a"], "tempered: the standout first"
+    z = standardised(ft)
+    assert tempered(z, 0.0) == z, "temperature 0: the standardised scores themselves"
+    warm = tempered(z, 4.0)
+    assert sorted(warm, key=warm.get) == sorted(z, key=z.get), "tempering keeps each side's order"
+    assert warm["a"] - warm["f00"] > z["a"] - z["f00"], "and widens the gaps at the top"
+    assert fuse_sides(vec, ft, method="zscore", vector_weight=0.6, fulltext_weight=0.4, rrf_k=60, temperature=4.0) \
+        == zscore_fusion(vec, ft, 0.6, 0.4, 4.0)
+
+
 def test_a_vector_side_that_shares_little_with_full_text_loses_weight_in_proportion():
     from query.fusion import AGREEMENT_WINDOW, agreement_share, fuse_sides, ranked, side_overlap
 
@@ -137,12 +155,14 @@ def test_fusion_settings_left_unset_are_the_index_embedders_and_a_set_one_is_kep
 
     assert set(EMBEDDER_FUSION) == set(typing.get_args(EmbeddingConfig.model_fields["kind"].annotation)), \
         "every embedder kind a config may name has its fusion"
-    assert QueryConfig().fusion_for("e5") == FusionPrior(0.5, 0.5, 0.0), "the shipped embedder's, from every eval set"
+    assert QueryConfig().fusion_for("e5") == FusionPrior(0.6, 0.4, 0.0, 4.0), "the shipped embedder's, from the eval sets"
     for kind, prior in EMBEDDER_FUSION.items():
         assert QueryConfig().fusion_for(kind) == prior
         assert QueryConfig(vector_weight=0.9).fusion_for(kind) == FusionPrior(0.9, prior.fulltext_weight,
-                                                                              prior.agreement), "a set weight is kept"
+                                                                              prior.agreement, prior.temperature), \
+            "a set weight is kept"
         assert QueryConfig(agreement=0.0).for_embedder(kind).agreement == 0.0
+        assert QueryConfig(temperature=0.0).for_embedder(kind).temperature == 0.0
     weak = EMBEDDER_FUSION["static"]
     assert weak.vector_weight < weak.fulltext_weight, "a weak embedder's side counts less"
 
@@ -160,9 +180,9 @@ def test_hybrid_search_fuses_with_its_index_embedders_weights_unless_the_config_
     data = yaml.safe_load(read_store.read_text())
     data["query"] = {k: v for k, v in data.get("query", {}).items() if k not in ("vector_weight", "fulltext_weight")}
     (tmp_path / "unset.yaml").write_text(yaml.safe_dump(data))
-    monkeypatch.setitem(EMBEDDER_FUSION, "hashing", FusionPrior(0.0, 1.0, 0.0))  # the store's embedder: hashing
+    monkeypatch.setitem(EMBEDDER_FUSION, "hashing", FusionPrior(0.0, 1.0, 0.0, 0.0))  # the store's embedder: hashing
     assert [h.chunk_id for h in search(text, k=8, mode="hybrid", config=tmp_path / "unset.yaml")] == fulltext
-    monkeypatch.setitem(EMBEDDER_FUSION, "hashing", FusionPrior(1.0, 0.0, 0.0))
+    monkeypatch.setitem(EMBEDDER_FUSION, "hashing", FusionPrior(1.0, 0.0, 0.0, 0.0))
     assert [h.chunk_id for h in search(text, k=8, mode="hybrid", config=tmp_path / "unset.yaml")] == vector
     data["query"] = {**data["query"], "vector_weight": 0.0, "fulltext_weight": 0.5}
     (tmp_path / "set.yaml").write_text(yaml.safe_dump(data))
