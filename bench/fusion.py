@@ -32,20 +32,30 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fusion_runs import CROSS_PREFIX  # noqa: E402
+from bench.fusion_runs import CROSS_PREFIX, PARAGRAPH_PREFIX  # noqa: E402
 from query.fusion import AGREEMENT_WINDOW  # noqa: E402
 
 
 
 def grid(window: int) -> list[dict]:
-    """The fusions scored: z-score and RRF at several weights, fixed or following the sides' agreement over their
-    first `window` candidates (search's own window by default; wider ones cost a search more candidates a side)."""
-    return ([{"method": "zscore", "vector_weight": w, "fulltext_weight": round(1 - w, 2), "rrf_k": 60, "agreement": 0.0,
-              "window": window} for w in (0.0, 0.05, 0.1, 0.2)]  # a weak embedder's prior (leave_one_out_by_embedder)
-            + [{"method": "zscore", "vector_weight": w, "fulltext_weight": round(1 - w, 2), "rrf_k": 60, "agreement": a,
-                "window": window} for a in (0.0, 0.2, 0.3, 0.4, 0.5) for w in (0.3, 0.4, 0.5, 0.6, 0.7)]
-            + [{"method": "rrf", "vector_weight": w, "fulltext_weight": round(1 - w, 2), "rrf_k": k, "agreement": a,
-                "window": window} for a in (0.0, 0.3) for w in (0.3, 0.5, 0.7) for k in (10, 60)])
+    """The fusions scored: z-score (plain, or tempered: query/fusion.py) and RRF at several weights, fixed or following
+    the sides' agreement over their first `window` candidates (search's own window by default; wider ones cost a
+    search more candidates a side)."""
+    def point(method: str, w: float, agreement: float = 0.0, rrf_k: int = 60, temperature: float = 0.0) -> dict:
+        return {"method": method, "vector_weight": w, "fulltext_weight": round(1 - w, 2), "rrf_k": rrf_k,
+                "agreement": agreement, "window": window, "temperature": temperature}
+
+    return ([point("zscore", w) for w in (0.0, 0.05, 0.1, 0.2)]  # a weak embedder's prior (leave_one_out_by_embedder)
+            + [point("zscore", w, a) for a in (0.0, 0.2, 0.3, 0.4, 0.5) for w in (0.3, 0.4, 0.5, 0.6, 0.7)]
+            + [point("zscore", w, temperature=t) for t in TEMPERATURES for w in (0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7)]
+            + [point("rrf", w, a, k) for a in (0.0, 0.3) for w in (0.3, 0.5, 0.7) for k in (10, 60)])
+
+
+TEMPERATURES = (2.0, 3.0, 4.0, 5.0, 6.0, 8.0)
+# Each fusion is scored twice: as `inlet eval` scores a mode (the documents of its first 30 chunks, 120 candidates a
+# side) and as a default search returns it (k 5: 5 chunks of 20 candidates a side, query.candidates x k).
+SEARCH_K = 5
+AT_K = f" @k{SEARCH_K}"
 
 
 # The fusion shipped before issue 54 (z-score 0.5/0.5, fixed weights): a choice may not lower the mean of the shipped
@@ -58,13 +68,14 @@ DISAGREE = 0.05  # as flows.eval.DISAGREE_GAP
 
 def earlier_set(name: str) -> bool:
     """Is this row one of the 15 sets of the table before issue 54 (whose mean, 0.912, a choice may not lower)?"""
-    return name not in ADDED_SETS and not name.startswith(f"{CROSS_PREFIX}/")  # bench/fusion_runs.py --cross-lingual
+    return name not in ADDED_SETS and not name.startswith((f"{CROSS_PREFIX}/", f"{PARAGRAPH_PREFIX}/"))  # --cross-lingual
 
 
 def label(params: dict) -> str:
     """A short name for a grid point, e.g. zscore 0.5/0.5, zscore 0.5/0.5 a0.3 or rrf 0.5/0.5 k60."""
     name = f"{params['method']} {params['vector_weight']}/{params['fulltext_weight']}"
     name += f" k{params['rrf_k']}" if params["method"] == "rrf" else ""
+    name += f" T{params['temperature']:g}" if params.get("temperature") else ""
     return name + (f" a{params['agreement']}/{params['window']}" if params["agreement"] else "")
 
 
@@ -74,7 +85,8 @@ def shipped_label() -> str:
 
     q = QueryConfig().for_embedder("e5")
     return label({"method": q.fusion, "vector_weight": q.vector_weight, "fulltext_weight": q.fulltext_weight,
-                  "rrf_k": q.rrf_k, "agreement": q.agreement, "window": AGREEMENT_WINDOW})
+                  "rrf_k": q.rrf_k, "agreement": q.agreement, "window": AGREEMENT_WINDOW,
+                  "temperature": q.temperature})
 
 
 def vector_dropped(runs: dict) -> bool:
@@ -113,20 +125,34 @@ def base_set(name: str) -> str:
 
 
 def scores(sets: dict[str, tuple], fusions: list[dict]) -> dict[str, dict[str, np.ndarray]]:
-    """Per set and method (each side, each fusion), each query's nDCG@10."""
-    from flows.eval import K_CHUNKS, per_query
+    """Per set and method (each side, each fusion), each query's nDCG@10: as `inlet eval` scores it, and as a search
+    of k SEARCH_K returns it (the method's name + AT_K)."""
+    from flows.eval import K_CHUNKS, QueryRun, per_query
+    from schemas.config import QueryConfig
 
+    depth = SEARCH_K * QueryConfig().candidates
     out = {}
     for name, (runs, data) in sets.items():
-        out[name] = {mode: per_query(runs, data, mode, K_CHUNKS)["ndcg@10"] for mode in ("vector", "fulltext")}
-        for params in fusions:
-            out[name][label(params)] = per_query(runs, data, "hybrid", K_CHUNKS, fusion=params)["ndcg@10"]
+        cut = {q: QueryRun(r.vector[:depth], r.fulltext[:depth], r.default, r.doc_of, r.vector_read)
+               for q, r in runs.items()}
+        out[name] = {}
+        for view, k_chunks, suffix in ((runs, K_CHUNKS, ""), (cut, SEARCH_K, AT_K)):
+            for mode in ("vector", "fulltext"):
+                out[name][mode + suffix] = per_query(view, data, mode, k_chunks)["ndcg@10"]
+            for params in fusions:
+                out[name][label(params) + suffix] = per_query(view, data, "hybrid", k_chunks, fusion=params)["ndcg@10"]
     return out
 
 
-def gain(values: dict[str, np.ndarray], method: str) -> float:
-    """A method's mean nDCG@10 over the better of vector and full-text on one set."""
-    return float(values[method].mean() - max(values["vector"].mean(), values["fulltext"].mean()))
+def gain(values: dict[str, np.ndarray], method: str, suffix: str = "") -> float:
+    """A method's mean nDCG@10 over the better of vector and full-text on one set (suffix AT_K: as a search of k 5)."""
+    return float(values[method + suffix].mean() - max(values["vector" + suffix].mean(),
+                                                      values["fulltext" + suffix].mean()))
+
+
+def gains(values: dict[str, np.ndarray], method: str) -> list[float]:
+    """A method's gains over the better side on one set, in each view scored (both, when the table has k 5's)."""
+    return [gain(values, method, suffix) for suffix in ("", AT_K) if method + suffix in values]
 
 
 def objective(gains: list[float]) -> float:
@@ -149,11 +175,12 @@ def leave_one_out(table: dict[str, dict[str, np.ndarray]], methods: list[str]) -
     for held in dict.fromkeys(base_set(n) for n in table):
         rest = [s for s in table if base_set(s) != held]
         chosen = max((m for m in methods if admissible(table, rest, m)),
-                     key=lambda m: (objective([gain(table[s], m) for s in rest]), -methods.index(m)))
+                     key=lambda m: (objective([g for s in rest for g in gains(table[s], m)]), -methods.index(m)))
         for row in (s for s in table if base_set(s) == held):
             out.append({"held_out": row, "chosen": chosen, "fitted_on": sorted({base_set(s) for s in rest}),
                         "ndcg@10": round(float(table[row][chosen].mean()), 4),
-                        "gain_over_better_side": round(gain(table[row], chosen), 4)})
+                        "gain_over_better_side": round(gain(table[row], chosen), 4),
+                        "gain_at_k5": round(gain(table[row], chosen, AT_K), 4) if chosen + AT_K in table[row] else None})
     return out
 
 
@@ -184,40 +211,48 @@ def print_by_embedder(table: dict[str, dict[str, np.ndarray]], loso: list[dict])
 
 
 def print_sets(table: dict[str, dict[str, np.ndarray]], chosen: dict[str, dict]) -> None:
-    """Per row: the sides, the shipped fusion, it with agreement 0.3, and the leave-one-set-out choice."""
+    """Per row: the sides, the fusion before issue 54 and the shipped one, and the leave-one-set-out choice, with
+    their gains over the better side as `inlet eval` scores them and as a search of k 5 returns them."""
     shipped = shipped_label()
-    print(f"| set | vector | full-text | vector - full-text | {REFERENCE} (before) | {shipped} (shipped) | "
-          "chosen on the other sets | its nDCG@10 | its gain over the better side |")
-    print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
+    print(f"| set | vector | full-text | vector - full-text | {REFERENCE} (before) | its gain | {shipped} (shipped) | "
+          f"its gain | at k {SEARCH_K} | chosen on the other sets | its nDCG@10 | its gain | at k {SEARCH_K} |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     for group in (False, True):  # the sets whose sides agree, then those that disagree
         for name, values in table.items():
             gap = values["vector"].mean() - values["fulltext"].mean()
             if (abs(gap) > DISAGREE) != group:
                 continue
             row = chosen[name]
+            at_k = "" if row["gain_at_k5"] is None else f"{row['gain_at_k5']:+.3f}"
+            shipped_at_k = f"{gain(values, shipped, AT_K):+.3f}" if shipped + AT_K in values else ""
             print(f"| {name} | {values['vector'].mean():.3f} | {values['fulltext'].mean():.3f} | {gap:+.3f}"
                   + (" (disagree)" if group else "") + f" | {values[REFERENCE].mean():.3f} | "
-                  f"{values[shipped].mean():.3f} | {row['chosen']} | {row['ndcg@10']:.3f} | "
-                  f"{row['gain_over_better_side']:+.3f} |")
+                  f"{gain(values, REFERENCE):+.3f} | {values[shipped].mean():.3f} | {gain(values, shipped):+.3f} | "
+                  f"{shipped_at_k} | {row['chosen']} | {row['ndcg@10']:.3f} | {row['gain_over_better_side']:+.3f} | "
+                  f"{at_k} |")
 
 
 def print_grid(table: dict[str, dict[str, np.ndarray]], methods: list[str]) -> None:
-    """Per fusion of the grid: its means (shipped embedder's rows, the others), gains, losses and objective."""
+    """Per fusion of the grid: its means (shipped embedder's rows, the others), gains, losses and objective (over
+    both views)."""
     main_rows = [n for n in table if n == base_set(n)]
     others = [n for n in table if n not in main_rows]
     earlier = [n for n in main_rows if earlier_set(n)]
     disagree = [n for n, v in table.items() if abs(v["vector"].mean() - v["fulltext"].mean()) > DISAGREE]
-    print(f"\n| fusion | mean of the sets (shipped embedder) | of the {len(earlier)} earlier sets | mean of the other rows "
-          "| mean gain over the better side | worst gain | sets below the better side | mean gain where the sides "
-          "disagree | objective |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"\n| fusion | mean of the sets (shipped embedder) | of the {len(earlier)} earlier sets | of them at k "
+          f"{SEARCH_K} | mean of the other rows | mean gain over the better side | worst gain | worst at k {SEARCH_K} "
+          "| sets below the better side | mean gain where the sides disagree | objective (both views) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m in methods:
-        gains = [gain(v, m) for v in table.values()]
+        plain = [gain(v, m) for v in table.values()]
+        at_k = [gain(v, m, AT_K) for v in table.values() if m + AT_K in v]
         print(f"| {m} | {np.mean([table[n][m].mean() for n in main_rows]):.4f} | "
               f"{np.mean([table[n][m].mean() for n in earlier]):.4f} | "
-              f"{np.mean([table[n][m].mean() for n in others]) if others else 0.0:.3f} | {np.mean(gains):+.4f} | "
-              f"{min(gains):+.3f} | {sum(g < 0 for g in gains)} of {len(gains)} | "
-              f"{np.mean([gain(table[n], m) for n in disagree]) if disagree else 0.0:+.4f} | {objective(gains):+.4f} |")
+              f"{np.mean([table[n][m + AT_K].mean() for n in earlier if m + AT_K in table[n]]):.4f} | "
+              f"{np.mean([table[n][m].mean() for n in others]) if others else 0.0:.3f} | {np.mean(plain):+.4f} | "
+              f"{min(plain):+.3f} | {min(at_k, default=0.0):+.3f} | {sum(g < 0 for g in plain)} of {len(plain)} | "
+              f"{np.mean([gain(table[n], m) for n in disagree]) if disagree else 0.0:+.4f} | "
+              f"{objective([g for v in table.values() for g in gains(v, m)]):+.4f} |")
 
 
 def main() -> None:

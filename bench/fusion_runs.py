@@ -18,12 +18,15 @@ bench/fusion.py labels its rows by their embedder.
 sets named xquad-x/<questions>-<paragraphs>, ~3 minutes with e5): the multilingual embedder reads both languages, while
 full-text shares little more than names and numbers with the paragraphs. Vector search is then far ahead of
 full-text, the case of the unseen English sets of issue 54 (vector ahead by 0.07-0.14), which no monolingual set here
-shows. The pairs are written under W/_pairs from ../shared/corpora/eval/xquad-r (never into the repository).
+shows. It also runs XQuAD-R's paragraphs as queries against the same paragraphs in another language (PARAGRAPH_PAIRS,
+sets named xquad-p/<queries>-<paragraphs>): passage-long queries where vector search is ahead, beside ArguAna's, where
+full-text is. The pairs are written under W/_pairs from ../shared/corpora/eval/xquad-r (never into the repository).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -33,6 +36,8 @@ sys.path.insert(0, str(ROOT))
 SHIPPED = "e5"
 CROSS_LINGUAL = (("en", "de"), ("de", "en"), ("en", "es"), ("ru", "en"))  # (questions, paragraphs)
 CROSS_PREFIX = "xquad-x"
+PARAGRAPH_PAIRS = (("de", "en"), ("zh", "en"), ("ru", "en"), ("en", "es"))  # (paragraphs asked, paragraphs searched)
+PARAGRAPH_PREFIX = "xquad-p"
 
 
 def cross_lingual_sets(xquad: Path, into: Path, pairs: tuple[tuple[str, str], ...] = CROSS_LINGUAL) -> Path:
@@ -59,6 +64,29 @@ def cross_lingual_sets(xquad: Path, into: Path, pairs: tuple[tuple[str, str], ..
     return into
 
 
+def paragraph_sets(xquad: Path, into: Path, pairs: tuple[tuple[str, str], ...] = PARAGRAPH_PAIRS) -> Path:
+    """Write BEIR folders into/xquad-p/<q>-<p>: language q's paragraphs asked (query id "q" + the paragraph's id) of
+    language p's, each judged on its own translation (XQuAD-R's ids differ only by their language prefix); return into."""
+    needed = [xquad / lang / "corpus.jsonl" for pair in pairs for lang in pair]
+    if missing := [str(path) for path in needed if not path.is_file()]:
+        raise ValueError(f"missing for the paragraph pairs: {', '.join(dict.fromkeys(missing))}")
+    for q, p in pairs:
+        folder = into / PARAGRAPH_PREFIX / f"{q}-{p}"
+        (folder / "qrels").mkdir(parents=True, exist_ok=True)
+        (folder / "corpus.jsonl").write_bytes((xquad / p / "corpus.jsonl").read_bytes())
+        asked, judged = [], ["query-id\tcorpus-id\tscore"]
+        path = xquad / q / "corpus.jsonl"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            doc = json.loads(line)
+            if not str(doc.get("_id", "")).startswith(f"{q}-") or not doc.get("text"):
+                raise ValueError(f"{path}:{number}: not a paragraph of language {q!r} with an id and a text")
+            asked.append(json.dumps({"_id": f"q{doc['_id']}", "text": doc["text"]}, ensure_ascii=False))
+            judged.append(f"q{doc['_id']}\t{p}-{doc['_id'].removeprefix(f'{q}-')}\t1")
+        (folder / "queries.jsonl").write_text("\n".join(asked) + "\n", encoding="utf-8")
+        (folder / "qrels" / "test.tsv").write_text("\n".join(judged) + "\n", encoding="utf-8")
+    return into
+
+
 def variants(kinds: list[str]) -> dict[str, dict]:
     """The eval flow's variants: "default" with the first embedder (the main index), one per other embedder."""
     main, *others = kinds
@@ -78,14 +106,16 @@ def main() -> None:
     parser.add_argument("--embedders", default=f"{SHIPPED},static",
                         help="comma-separated embedding kinds, the main index's first (default: e5,static)")
     parser.add_argument("--cross-lingual", action="store_true",
-                        help="XQuAD-R's questions against its paragraphs in another language (CROSS_LINGUAL)")
+                        help="XQuAD-R's questions and paragraphs against its paragraphs in another language "
+                        "(CROSS_LINGUAL, PARAGRAPH_PAIRS)")
     args = parser.parse_args()
     kinds = args.embedders.split(",")
     if not args.sets.is_dir():
         sys.exit(f"{args.sets}: no eval sets here (../shared/corpora/eval)")
     if args.cross_lingual:
         try:
-            args.sets = cross_lingual_sets(args.sets / "xquad-r", args.workdir / "_pairs")
+            cross_lingual_sets(args.sets / "xquad-r", args.workdir / "_pairs")
+            args.sets = paragraph_sets(args.sets / "xquad-r", args.workdir / "_pairs")
         except ValueError as exc:
             sys.exit(str(exc))
     report = evaluate(dataset=str(args.sets), workdir=str(args.workdir), max_queries=args.max_queries,

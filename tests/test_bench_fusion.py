@@ -34,6 +34,21 @@ def test_a_fusion_that_lowers_the_shipped_embedders_mean_is_not_chosen_however_i
     assert fusion.leave_one_out(table, [weak, ref])[-1]["chosen"] == weak
 
 
+def test_a_fusion_that_wins_as_eval_scores_it_but_loses_as_a_k5_search_returns_it_is_not_chosen():
+    ref, warm = fusion.REFERENCE, "zscore 0.6/0.4 T4"
+    at = fusion.AT_K
+    table = {name: _row(0.9, 0.8, **{ref: 0.92, warm: 0.93}) for name in "abc"}
+    for name in table:
+        table[name].update({f"vector{at}": np.array([0.9]), f"fulltext{at}": np.array([0.8]),
+                            f"{ref}{at}": np.array([0.92]), f"{warm}{at}": np.array([0.88])})
+    assert fusion.gains(table["a"], warm) == pytest.approx([0.03, -0.02]), "both views' gains over the better side"
+    assert {r["chosen"] for r in fusion.leave_one_out(table, [warm, ref])} == {ref}, "the k 5 loss counts twice"
+    for name in table:
+        table[name][f"{warm}{at}"] = np.array([0.915])  # now below ref at k 5, but not below the better side
+    rows = fusion.leave_one_out(table, [ref, warm])
+    assert {r["chosen"] for r in rows} == {warm} and rows[0]["gain_at_k5"] == pytest.approx(0.015)
+
+
 def test_each_embedders_fusion_is_fitted_on_its_own_rows_of_the_other_sets_only():
     ref, low = fusion.REFERENCE, "zscore 0.2/0.8"
     table = {  # low helps every static row and costs every e5 row
@@ -49,7 +64,7 @@ def test_each_embedders_fusion_is_fitted_on_its_own_rows_of_the_other_sets_only(
     table["a [static]"][low] = table["b [static]"][low] = np.array([0.55])  # now worse than ref on the other sets
     assert fusion.leave_one_out_by_embedder(table, [low, ref])[-1] | {"fitted_on": None} == {
         "held_out": "c [static]", "chosen": ref, "fitted_on": None, "ndcg@10": 0.4, "gain_over_better_side": -0.2,
-        "embedder": "static"}, "c's own static row (where low wins) does not decide its choice"
+        "embedder": "static", "gain_at_k5": None}, "c's own static row (where low wins) does not decide its choice"
 
 
 def _beir(folder, lang: str, docs: list[str], questions: dict[str, str]) -> None:
@@ -77,6 +92,23 @@ def test_a_cross_lingual_pair_asks_one_languages_questions_of_the_same_paragraph
     assert {d["_id"]: d["text"] for d in pair.documents}["de-0"] == "Die Fähre fährt um neun."
     assert fusion.earlier_set("xquad-r/de")
     assert not fusion.earlier_set("xquad-x/en-de") and not fusion.earlier_set("fiqa"), "not among the 15 sets"
+
+
+def test_a_paragraph_pair_asks_one_languages_paragraphs_of_their_translations(tmp_path):
+    from flows.eval import load_dataset
+
+    _beir(tmp_path / "xquad-r", "en", ["The ferry leaves at nine.", "Tides turn at noon."], {"q0": "x"})
+    _beir(tmp_path / "xquad-r", "de", ["Die Fähre fährt um neun.", "Die Gezeiten kehren mittags."], {"q0": "y"})
+    fusion_runs.paragraph_sets(tmp_path / "xquad-r", tmp_path / "pairs", (("de", "en"),))
+    pair = load_dataset(tmp_path / "pairs" / "xquad-p" / "de-en")
+    assert pair.queries == {"qde-0": "Die Fähre fährt um neun.", "qde-1": "Die Gezeiten kehren mittags."}
+    assert pair.qrels == {"qde-0": {"en-0": 1}, "qde-1": {"en-1": 1}}, "each paragraph judged on its translation"
+    assert not fusion.earlier_set("xquad-p/de-en"), "not among the 15 sets"
+    (tmp_path / "xquad-r" / "de" / "corpus.jsonl").write_text('{"_id": "en-0", "text": "a"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="corpus.jsonl:1: not a paragraph of language 'de'"):
+        fusion_runs.paragraph_sets(tmp_path / "xquad-r", tmp_path / "pairs", (("de", "en"),))
+    with pytest.raises(ValueError, match=r"missing for the paragraph pairs: .*xquad-r/ru/corpus.jsonl"):
+        fusion_runs.paragraph_sets(tmp_path / "xquad-r", tmp_path / "pairs", (("ru", "en"),))
 
 
 def test_a_wrong_or_missing_file_is_refused_naming_it(tmp_path):
