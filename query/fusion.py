@@ -10,7 +10,7 @@ full-text side. Two fusions are offered (query.fusion):
   it was not trained on gives such scores). Ranks alone cannot tell these apart. A candidate one side did
   not return gets that side's lowest standardised score. Measured against RRF on every set in
   ../shared/corpora/eval (bench/README.md, "Retrieval across data sets"). With a temperature T above 0
-  (query.temperature; e5's own: 4), each standardised score z counts as T x exp(z / T) instead: close to z
+  (query.temperature; e5's own: 3), each standardised score z counts as T x exp(z / T) instead: close to z
   for the bulk of a list, but a best hit far above its side's rest counts more than in proportion. So a
   side sure of one candidate carries the query, and a side whose scores are spread evenly (a full-text
   list of near-equal partial matches, or a vector list of near-equal cosines) moves it little, query by

@@ -363,19 +363,19 @@ class FusionPrior:
     temperature: float
 
 
-# By the index's embedder kind. e5: vector 0.6 / full-text 0.4 at temperature 4 (each standardised score z counts as
-# 4 exp(z / 4): query/fusion.py), chosen by leave-one-set-out in every fold over the 18 sets of ../shared/corpora/eval
-# but ArguAna plus 8 cross-lingual XQuAD-R pairings (questions or paragraphs in one language, paragraphs in another:
-# vector search far ahead), scored both as `inlet eval` does (k 30) and as a default search (k 5); ArguAna, the one set
-# of passage-long queries, is scored but no fold could fit it (bench/README.md, "Fusion with a temperature"). Before:
-# 0.5 / 0.5 at temperature 0, below vector search by up to 0.016 where it is far ahead. MiniLM and Gemini: 0.5 / 0.5
-# at temperature 0, not re-chosen (no runs of theirs over the new sets; Gemini is not reachable here); MiniLM's vector
-# side is skipped for languages it does not read. The static and hashing embedders: full-text alone (vector weight 0,
-# so a hybrid search embeds no query), chosen by leave-one-set-out over each one's own rows (6 static, 18 hashing) in
-# every fold: no weight from 0.05 to 0.7, fixed or following the sides' agreement, gained more than +0.007 on any row,
-# and 0.5 lost up to 0.147 (bench/fusion.py, "per embedder").
+# By the index's embedder kind. e5: vector 0.55 / full-text 0.45 at temperature 3 (each standardised score z counts as
+# 3 exp(z / 3): query/fusion.py), chosen by leave-one-set-out in 25 of 26 folds (ArguAna's fold: 0.6 / 0.4 at 4) over
+# the 18 sets of ../shared/corpora/eval and 8 cross-lingual XQuAD-R pairings (questions or paragraphs in one language
+# asked of paragraphs in another: vector search far ahead), scored both as `inlet eval` does (k 30) and as a default
+# search returns it (k 5), among the fusions keeping those rows' mean at least at 0.5 / 0.5's (bench/fusion.py;
+# bench/README.md, "Fusion with a temperature"). Before: 0.5 / 0.5 at temperature 0, up to 0.016 below vector search
+# where it is far ahead. MiniLM and Gemini: 0.5 / 0.5 at temperature 0, not re-chosen (no runs of theirs over the new
+# sets; Gemini is not reachable here); MiniLM's vector side is skipped for languages it does not read. The static and
+# hashing embedders: full-text alone (vector weight 0, so a hybrid search embeds no query), chosen by leave-one-set-out
+# over each one's own rows (6 static, 18 hashing) in every fold: no weight from 0.05 to 0.7, fixed or following the
+# sides' agreement, gained more than +0.007 on any row, and 0.5 lost up to 0.147 (bench/fusion.py, "per embedder").
 EMBEDDER_FUSION: dict[str, FusionPrior] = {
-    "e5": FusionPrior(0.6, 0.4, 0.0, 4.0), "minilm": FusionPrior(0.5, 0.5, 0.0, 0.0),
+    "e5": FusionPrior(0.55, 0.45, 0.0, 3.0), "minilm": FusionPrior(0.5, 0.5, 0.0, 0.0),
     "gemini": FusionPrior(0.5, 0.5, 0.0, 0.0),
     "static": FusionPrior(0.0, 1.0, 0.0, 0.0), "hashing": FusionPrior(0.0, 1.0, 0.0, 0.0)}
 
@@ -392,16 +392,16 @@ class QueryConfig(_Strict):
     # Unset, the weights, agreement and temperature are the index's embedder's (EMBEDDER_FUSION); only the
     # weights' ratio matters.
     vector_weight: float | None = Field(None, ge=0, description="Weight of the vector ranking in hybrid fusion; "
-                                        "unset: the embedder's own (0.6 for e5, 0.5 for MiniLM and Gemini, 0 for "
+                                        "unset: the embedder's own (0.55 for e5, 0.5 for MiniLM and Gemini, 0 for "
                                         "static and hashing; docs/querying.md).")
     fulltext_weight: float | None = Field(None, ge=0, description="Weight of the full-text (BM25) ranking in hybrid "
-                                          "fusion; unset: the embedder's own (0.4 for e5, 0.5 for MiniLM and "
+                                          "fusion; unset: the embedder's own (0.45 for e5, 0.5 for MiniLM and "
                                           "Gemini, 1 for static and hashing).")
     rrf_k: int = Field(60, ge=1, description="Reciprocal rank fusion constant: score = weight / (rrf_k + rank).")
     temperature: float | None = Field(
         None, ge=0, description="z-score fusion: each standardised score z counts as T x exp(z / T), so a side "
         "whose best candidate stands far above its rest carries the query (0: z itself). Unset: the embedder's "
-        "own (4 for e5, 0 for the others). query/fusion.py.")
+        "own (3 for e5, 0 for the others). query/fusion.py.")
     agreement: float | None = Field(
         None, ge=0, le=1, description="Hybrid fusion: the share of their first 20 candidates the two "
         "sides must have in common for the vector side to keep all its weight; below it, it keeps that fraction "
