@@ -8,14 +8,15 @@
                                                         # the weak embedders' rows, each fitted on its own
 
 For each set and each kept variant (the shipped e5 embedder, "default"; the static embedder, "[static]",
-a weak vector side beside the same full-text index), nDCG@10 (documents of the first 30 chunks, as `inlet
-eval` scores them) of vector, full-text and each fusion of the grid, computed by query/fusion.py on the
-candidates query.search returned for that set's queries. A variant whose vector side the search dropped
+a weak vector side beside the same full-text index), nDCG@10 of vector, full-text and each fusion of the grid
+(z-score plain or at a temperature, RRF), computed by query/fusion.py on the candidates query.search returned
+for that set's queries, in two views: the documents of the first 30 chunks, as `inlet eval` scores them, and
+of the first 5, fused from each side's first 20 candidates, as a default search of k 5 returns them. A variant whose vector side the search dropped
 for language (its default ranking is full-text's on most queries: the static embedder on the
 non-English sets) is left out: fusing its kept vector side would score what search never does. Then,
 holding each set out in turn (all its variants), the grid point with the best objective on the other
-sets (mean gain over the better side, losses counted twice) among those that keep the mean of the other
-sets' e5 rows at least at the fusion shipped before issue 54, and its score on the held-out set; and
+sets (mean gain over the better side in both views, losses counted twice) among those that keep the mean of
+the other sets' e5 rows at least at the fusion shipped before issue 54, and its score on the held-out set; and
 the same per embedder (each embedder's rows fitted on its own rows of the other sets: the prior a store's
 embedder can carry). Sets whose sides differ by more than 0.05 nDCG@10 are listed apart. Writes bench/results/fusion.json.
 """
