@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,17 +41,25 @@ PARAGRAPH_PAIRS = (("de", "en"), ("zh", "en"), ("ru", "en"), ("en", "es"))  # (p
 PARAGRAPH_PREFIX = "xquad-p"
 
 
+def _pair_folders(xquad: Path, into: Path, pairs: tuple[tuple[str, str], ...], needed: list[Path],
+                  what: str) -> Iterator[tuple[str, str, Path]]:
+    """Refuse (naming every missing file) unless all needed files are there, then yield each pair's folder
+    into/<q>-<p>, p's paragraphs copied in as its corpus."""
+    if missing := [str(path) for path in needed if not path.is_file()]:
+        raise ValueError(f"missing for the {what}: {', '.join(dict.fromkeys(missing))}")
+    for q, p in pairs:
+        folder = into / f"{q}-{p}"
+        (folder / "qrels").mkdir(parents=True, exist_ok=True)
+        (folder / "corpus.jsonl").write_bytes((xquad / p / "corpus.jsonl").read_bytes())
+        yield q, p, folder
+
+
 def cross_lingual_sets(xquad: Path, into: Path, pairs: tuple[tuple[str, str], ...] = CROSS_LINGUAL) -> Path:
     """Write BEIR folders into/xquad-x/<q>-<p>: the paragraphs of language p, the questions of language q, and q's
     judgements pointed at the same paragraph in p (XQuAD-R's ids differ only by their language prefix); return into."""
     needed = [xquad / lang / name for q, p in pairs for lang, name in
               ((p, "corpus.jsonl"), (q, "queries.jsonl"), (q, "qrels/test.tsv"))]
-    if missing := [str(path) for path in needed if not path.is_file()]:
-        raise ValueError(f"missing for the cross-lingual pairs: {', '.join(dict.fromkeys(missing))}")
-    for q, p in pairs:
-        folder = into / CROSS_PREFIX / f"{q}-{p}"
-        (folder / "qrels").mkdir(parents=True, exist_ok=True)
-        (folder / "corpus.jsonl").write_bytes((xquad / p / "corpus.jsonl").read_bytes())
+    for q, p, folder in _pair_folders(xquad, into / CROSS_PREFIX, pairs, needed, "cross-lingual pairs"):
         (folder / "queries.jsonl").write_bytes((xquad / q / "queries.jsonl").read_bytes())
         qrels = xquad / q / "qrels" / "test.tsv"
         header, *lines = qrels.read_text(encoding="utf-8").splitlines()
@@ -68,12 +77,7 @@ def paragraph_sets(xquad: Path, into: Path, pairs: tuple[tuple[str, str], ...] =
     """Write BEIR folders into/xquad-p/<q>-<p>: language q's paragraphs asked (query id "q" + the paragraph's id) of
     language p's, each judged on its own translation (XQuAD-R's ids differ only by their language prefix); return into."""
     needed = [xquad / lang / "corpus.jsonl" for pair in pairs for lang in pair]
-    if missing := [str(path) for path in needed if not path.is_file()]:
-        raise ValueError(f"missing for the paragraph pairs: {', '.join(dict.fromkeys(missing))}")
-    for q, p in pairs:
-        folder = into / PARAGRAPH_PREFIX / f"{q}-{p}"
-        (folder / "qrels").mkdir(parents=True, exist_ok=True)
-        (folder / "corpus.jsonl").write_bytes((xquad / p / "corpus.jsonl").read_bytes())
+    for q, p, folder in _pair_folders(xquad, into / PARAGRAPH_PREFIX, pairs, needed, "paragraph pairs"):
         asked, judged = [], ["query-id\tcorpus-id\tscore"]
         path = xquad / q / "corpus.jsonl"
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
