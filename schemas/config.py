@@ -400,8 +400,8 @@ class QueryConfig(_Strict):
     rrf_k: int = Field(60, ge=1, description="Reciprocal rank fusion constant: score = weight / (rrf_k + rank).")
     temperature: float | None = Field(
         None, ge=0, description="z-score fusion: each standardised score z counts as T x exp(z / T), so a side "
-        "whose best candidate stands far above its rest carries the query (0: z itself). Unset: the embedder's "
-        "own (3 for e5, 0 for the others). query/fusion.py.")
+        "whose best candidate stands far above its rest carries the query (0: z itself; else at least 1). Unset: "
+        "the embedder's own (3 for e5, 0 for the others). query/fusion.py.")
     agreement: float | None = Field(
         None, ge=0, le=1, description="Hybrid fusion: the share of their first 20 candidates the two "
         "sides must have in common for the vector side to keep all its weight; below it, it keeps that fraction "
@@ -441,6 +441,15 @@ class QueryConfig(_Strict):
     def for_embedder(self, embedder: str) -> QueryConfig:
         """This section with its fusion decided for an index of this embedder kind."""
         return self.model_copy(update=dataclasses.asdict(self.fusion_for(embedder)))
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_off_or_from_one(cls, value: float | None) -> float | None:
+        # A standout's z reaches sqrt(candidates - 1): below T 1, exp(z / T) overflows floats on long candidate lists.
+        if value is not None and 0 < value < 1:
+            msg = f"{value} is neither 0 (plain z-scores) nor at least 1"
+            raise ValueError(msg)
+        return value
 
     @field_validator("fulltext_language")
     @classmethod

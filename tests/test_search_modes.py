@@ -163,6 +163,8 @@ def test_fusion_settings_left_unset_are_the_index_embedders_and_a_set_one_is_kep
             "a set weight is kept"
         assert QueryConfig(agreement=0.0).for_embedder(kind).agreement == 0.0
         assert QueryConfig(temperature=0.0).for_embedder(kind).temperature == 0.0
+    with pytest.raises(ValueError, match="(?s)temperature.*0.5 is neither 0 .plain z-scores. nor at least 1"):
+        QueryConfig(temperature=0.5)
     weak = EMBEDDER_FUSION["static"]
     assert weak.vector_weight < weak.fulltext_weight, "a weak embedder's side counts less"
 
