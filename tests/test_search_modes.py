@@ -155,7 +155,7 @@ def test_fusion_settings_left_unset_are_the_index_embedders_and_a_set_one_is_kep
 
     assert set(EMBEDDER_FUSION) == set(typing.get_args(EmbeddingConfig.model_fields["kind"].annotation)), \
         "every embedder kind a config may name has its fusion"
-    assert QueryConfig().fusion_for("e5") == FusionPrior(0.55, 0.45, 0.0, 3.0), "the shipped embedder's, from the eval sets"
+    assert QueryConfig().fusion_for("e5") == FusionPrior(0.55, 0.45, 0.0, 3.0), "e5's, from the eval sets"
     for kind, prior in EMBEDDER_FUSION.items():
         assert QueryConfig().fusion_for(kind) == prior
         assert QueryConfig(vector_weight=0.9).fusion_for(kind) == FusionPrior(0.9, prior.fulltext_weight,
