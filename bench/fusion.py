@@ -7,18 +7,18 @@
     .venv/bin/python bench/fusion_runs.py W2 --embedders static,hashing && .venv/bin/python bench/fusion.py W2
                                                         # the weak embedders' rows, each fitted on its own
 
-For each set and each kept variant (the shipped e5 embedder, "default"; the static embedder, "[static]",
-a weak vector side beside the same full-text index), nDCG@10 of vector, full-text and each fusion of the grid
-(z-score plain or at a temperature, RRF), computed by query/fusion.py on the candidates query.search returned
-for that set's queries, in two views: the documents of the first 30 chunks, as `inlet eval` scores them, and
-of the first 5, fused from each side's first 20 candidates, as a default search of k 5 returns them. A variant whose vector side the search dropped
-for language (its default ranking is full-text's on most queries: the static embedder on the
-non-English sets) is left out: fusing its kept vector side would score what search never does. Then,
-holding each set out in turn (all its variants), the grid point with the best objective on the other
-sets (mean gain over the better side in both views, losses counted twice) among those that keep the mean of
-the other sets' e5 rows at least at the fusion shipped before issue 54, and its score on the held-out set; and
-the same per embedder (each embedder's rows fitted on its own rows of the other sets: the prior a store's
-embedder can carry). Sets whose sides differ by more than 0.05 nDCG@10 are listed apart. Writes bench/results/fusion.json.
+For each set and each kept variant (the shipped e5 embedder, "default"; the static embedder, "[static]", a weak
+vector side beside the same full-text index), nDCG@10 of vector, full-text and each fusion of the grid (z-score
+plain or at a temperature, RRF), computed by query/fusion.py on the candidates query.search returned for that set's
+queries, in two views: the documents of the first 30 chunks, as `inlet eval` scores them, and of the first 5, fused
+from each side's first 20 candidates, as a default search of k 5 returns them. A variant whose vector side the
+search dropped for language (its default ranking is full-text's on most queries: the static embedder on the
+non-English sets) is left out: fusing its kept vector side would score what search never does. Then, holding each
+set out in turn (all its variants), the grid point with the best objective on the other sets (mean gain over the
+better side in both views, losses counted twice) among those that keep the mean of the other sets' e5 rows at least
+at the fusion shipped before issue 54, and its score on the held-out set; and the same per embedder (each
+embedder's rows fitted on its own rows of the other sets: the prior a store's embedder can carry). Sets whose sides
+differ by more than 0.05 nDCG@10 are listed apart. Writes bench/results/fusion.json.
 """
 
 from __future__ import annotations
@@ -37,6 +37,12 @@ from bench.fusion_runs import CROSS_PREFIX, PARAGRAPH_PREFIX  # noqa: E402
 from query.fusion import AGREEMENT_WINDOW  # noqa: E402
 
 
+TEMPERATURES = (2.0, 3.0, 4.0, 5.0, 6.0, 8.0)
+# Each fusion is scored twice: as `inlet eval` scores a mode (the documents of its first 30 chunks, 120 candidates a
+# side) and as a default search returns it (k 5: 5 chunks of 20 candidates a side, query.candidates x k).
+SEARCH_K = 5
+AT_K = f" @k{SEARCH_K}"
+
 
 def grid(window: int) -> list[dict]:
     """The fusions scored: z-score (plain, or tempered: query/fusion.py) and RRF at several weights, fixed or following
@@ -52,13 +58,6 @@ def grid(window: int) -> list[dict]:
             + [point("rrf", w, a, k) for a in (0.0, 0.3) for w in (0.3, 0.5, 0.7) for k in (10, 60)])
 
 
-TEMPERATURES = (2.0, 3.0, 4.0, 5.0, 6.0, 8.0)
-# Each fusion is scored twice: as `inlet eval` scores a mode (the documents of its first 30 chunks, 120 candidates a
-# side) and as a default search returns it (k 5: 5 chunks of 20 candidates a side, query.candidates x k).
-SEARCH_K = 5
-AT_K = f" @k{SEARCH_K}"
-
-
 # The fusion shipped before issue 54 (z-score 0.5/0.5, fixed weights): a choice may not lower the mean of the shipped
 # embedder's rows below it, since the issue asks for a mean over all sets not below today's.
 REFERENCE = "zscore 0.5/0.5"
@@ -69,7 +68,8 @@ DISAGREE = 0.05  # as flows.eval.DISAGREE_GAP
 
 def earlier_set(name: str) -> bool:
     """Is this row one of the 15 sets of the table before issue 54 (whose mean, 0.912, a choice may not lower)?"""
-    return name not in ADDED_SETS and not name.startswith((f"{CROSS_PREFIX}/", f"{PARAGRAPH_PREFIX}/"))  # --cross-lingual
+    derived = (f"{CROSS_PREFIX}/", f"{PARAGRAPH_PREFIX}/")  # bench/fusion_runs.py --cross-lingual
+    return name not in ADDED_SETS and not name.startswith(derived)
 
 
 def label(params: dict) -> str:
@@ -181,7 +181,8 @@ def leave_one_out(table: dict[str, dict[str, np.ndarray]], methods: list[str]) -
             out.append({"held_out": row, "chosen": chosen, "fitted_on": sorted({base_set(s) for s in rest}),
                         "ndcg@10": round(float(table[row][chosen].mean()), 4),
                         "gain_over_better_side": round(gain(table[row], chosen), 4),
-                        "gain_at_k5": round(gain(table[row], chosen, AT_K), 4) if chosen + AT_K in table[row] else None})
+                        "gain_at_k5": (round(gain(table[row], chosen, AT_K), 4) if chosen + AT_K in table[row]
+                                       else None)})
     return out
 
 

@@ -75,7 +75,8 @@ def cross_lingual_sets(xquad: Path, into: Path, pairs: tuple[tuple[str, str], ..
 
 def paragraph_sets(xquad: Path, into: Path, pairs: tuple[tuple[str, str], ...] = PARAGRAPH_PAIRS) -> Path:
     """Write BEIR folders into/xquad-p/<q>-<p>: language q's paragraphs asked (query id "q" + the paragraph's id) of
-    language p's, each judged on its own translation (XQuAD-R's ids differ only by their language prefix); return into."""
+    language p's, each judged on its own translation (XQuAD-R's ids differ only by their language prefix); return
+    into."""
     needed = [xquad / lang / "corpus.jsonl" for pair in pairs for lang in pair]
     for q, p, folder in _pair_folders(xquad, into / PARAGRAPH_PREFIX, pairs, needed, "paragraph pairs"):
         asked, judged = [], ["query-id\tcorpus-id\tscore"]

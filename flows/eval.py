@@ -21,7 +21,7 @@ from flows.ingest import DEFAULT_CONFIG, ingest
 from query.fusion import fuse_sides, ranked
 from query.metrics import match_gold, mrr_at, ndcg_at, recall_at
 from query.search import UNREAD_LANGUAGE, VECTOR_SIDE_FOR_LANGUAGE, search
-from schemas.config import QueryConfig, load_config
+from schemas.config import EMBEDDER_FUSION, QueryConfig, load_config
 from schemas.errors import ConfigError
 
 MODES = ("vector", "fulltext", "hybrid")
@@ -381,10 +381,11 @@ def publish_report(report: dict, root: Path) -> Path:
 
 
 # Fusions calibration chooses among: z-score fusion at vector weights 0 (full-text only) to 1 (vector only), at
-# temperature 0 (plain z-scores) and 3 (e5's own: query/fusion.py), and RRF; fixed weights (agreement 0), since a user's
+# temperature 0 (plain z-scores) and e5's (query/fusion.py), and RRF; fixed weights (agreement 0), since a user's
 # judged questions say which side to trust better than any signal.
 CALIBRATION_GRID = [{"method": "zscore", "vector_weight": w / 10, "fulltext_weight": round(1 - w / 10, 1),
-                     "agreement": 0.0, "temperature": t} for t in (0.0, 3.0) for w in range(11)] + [
+                     "agreement": 0.0, "temperature": t} for t in (0.0, EMBEDDER_FUSION["e5"].temperature)
+                    for w in range(11)] + [
                         {"method": "rrf", "vector_weight": 1.0, "fulltext_weight": 1.0, "agreement": 0.0,
                          "temperature": 0.0}]
 
